@@ -1,0 +1,1 @@
+"""Board tops and build flows (iCEBreaker, ULX3S)."""

@@ -1,0 +1,140 @@
+"""The `ember` command: train a network on a device backend and report accuracy and energy."""
+
+import argparse
+import json
+import sys
+
+from . import __version__, data, spec
+from .device import BACKENDS, open_device
+from .policies import KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SSPROP_VARIANTS, make_config
+from .reference import train_float
+from .spec import ConfigError
+from .trainer import Trainer
+
+
+def _layers(text):
+    try:
+        widths = tuple(int(w) for w in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"layers '{text}' must look like 64-32-10") from None
+    return widths
+
+
+def _fractions(text):
+    try:
+        return tuple(float(v) for v in text.split(",") if v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' must be comma-separated fractions") from None
+
+
+def _bool_flag(p, name, help):
+    p.add_argument(f"--{name}", dest=name.replace("-", "_"), action=argparse.BooleanOptionalAction,
+                   default=None, help=help)
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="ember", description=__doc__)
+    ap.add_argument("--version", action="version", version=f"ember {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a network on a device and report energy")
+    t.add_argument("--backend", choices=BACKENDS, default="model")
+    t.add_argument("--build", choices=sorted(spec.BUILDS), default="sim",
+                   help="engine build whose limits and lane count apply (default: sim)")
+    t.add_argument("--preset", choices=list(PRESETS), default="baseline",
+                   help="named bundle of settings; the options below override it")
+    t.add_argument("--epochs", type=int)
+    t.add_argument("--batch-size", type=int)
+    t.add_argument("--layers", type=_layers, help="widths, input first (default 64-32-10)")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--dataset", help="'digits' (default) or a .npz file with arrays X and y")
+    t.add_argument("--lr-shift", type=int, help="SGD update shift (larger = smaller steps)")
+    t.add_argument("--lr-milestones", type=_fractions,
+                   help="fractions of the epochs at which lr-shift grows by one")
+    t.add_argument("--smd", type=float, help="SMD: probability of dropping a mini-batch")
+    t.add_argument("--slu", choices=SLU_POLICIES, help="SLU layer-mask policy")
+    t.add_argument("--slu-prob", type=float, help="P(update) of a non-output layer (random)")
+    _bool_flag(t, "psg", "predictive sign gradient updates")
+    t.add_argument("--psg-tau", type=int, help="PSG threshold (predictor units, or a shift "
+                                               "with --psg-relative)")
+    _bool_flag(t, "psg-relative", "PSG threshold relative to the layer's largest prediction")
+    t.add_argument("--psg-step", type=int, help="PSG step shift at the start")
+    t.add_argument("--psg-step-milestones", type=_fractions)
+    t.add_argument("--ssprop-keep", type=float, help="ssProp keep ratio (1.0 = off)")
+    t.add_argument("--ssprop-schedule", choices=KEEP_SCHEDULES)
+    t.add_argument("--ssprop-keep-start", type=float)
+    t.add_argument("--ssprop-warmup", type=int)
+    t.add_argument("--ssprop-variant", choices=SSPROP_VARIANTS)
+    _bool_flag(t, "zero-skip", "skip MAC cycles whose broadcast operand is zero")
+    t.add_argument("--profile", help="energy profile name or JSON path (default horowitz45)")
+    t.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    t.add_argument("--reference", action="store_true",
+                   help="also train the float32 reference and report its accuracy")
+    t.add_argument("--quiet", action="store_true", help="no progress output")
+    return ap
+
+
+CONFIG_OPTIONS = ("epochs", "batch_size", "layers", "seed", "dataset", "lr_shift",
+                  "lr_milestones", "smd", "slu", "slu_prob", "psg", "psg_tau", "psg_relative",
+                  "psg_step", "psg_step_milestones", "ssprop_keep", "ssprop_schedule",
+                  "ssprop_keep_start", "ssprop_warmup", "ssprop_variant", "zero_skip", "profile")
+
+
+def summary(result, reference=None):
+    """A readable end-of-run report."""
+    lines = []
+    s = result["settings"]
+    lines.append(f"Ember {result['backend']} backend, build {result['build']['build']} "
+                 f"({result['build']['lanes']} lanes), network {'-'.join(map(str, s['layers']))},"
+                 f" {result['epochs']} epochs, batch {s['batch_size']}, seed {s['seed']}")
+    lines.append(f"  test accuracy   {100 * result['test_accuracy']:6.2f} %")
+    if reference:
+        lines.append(f"  float32 ref.    {100 * reference['test_accuracy']:6.2f} %")
+    lines.append(f"  energy spent    {result['energy_pj'] / 1e6:10.3f} uJ  (profile "
+                 f"{result['profile']})")
+    lines.append(f"  dense baseline  {result['dense_energy_pj'] / 1e6:10.3f} uJ  "
+                 f"-> saved {100 * result['saved_fraction']:.1f} %")
+    lines.append("  energy by component (uJ):")
+    total = result["energy_pj"] or 1.0
+    for k, v in result["energy_breakdown"].items():
+        if v:
+            lines.append(f"    {k:<20s} {v / 1e6:10.3f}  {100 * v / total:5.1f} %")
+    dense = result["dense_macs"] or 1
+    lines.append(f"  MACs skipped by reason (of {dense:,} dense):")
+    for r, v in result["skipped"].items():
+        lines.append(f"    {r:<8s} {v:14,d}  {100 * v / dense:5.1f} %")
+    lines.append(f"  weights sha256  {result['weights_sha256']}")
+    lines.append(f"  wall time       {result['wall_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def cmd_train(args):
+    overrides = {k: getattr(args, k) for k in CONFIG_OPTIONS}
+    cfg = make_config(args.preset, **overrides)
+    ds = data.load(cfg.dataset, split_seed=0)
+    with open_device(args.backend, build=args.build) as dev:
+        result = Trainer(dev, ds, cfg, progress=not args.quiet).run()
+    reference = None
+    if args.reference:
+        reference = train_float(cfg, ds)
+        result["float_reference"] = {"test_accuracy": reference["test_accuracy"],
+                                     "train_accuracy": reference["train_accuracy"]}
+    print(summary(result, reference))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, sort_keys=True)
+    return 0
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            return cmd_train(args)
+    except ConfigError as e:
+        print(f"ember: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The one definition of every format, width, limit and counter in Ember.
+
+Gateware (``hw/``), the golden model, the host and the documentation generator all import
+these names; nothing here is typed twice anywhere else. docs/numerics.md explains each one.
+"""
+
+from dataclasses import dataclass, field
+
+# --- Number formats -------------------------------------------------------------------------
+#: Master weights: signed 16-bit, Q1.14 (value = w / 2**WEIGHT_FRAC_BITS, range [-2, 2)).
+WEIGHT_BITS = 16
+WEIGHT_FRAC_BITS = 14
+#: Activations (inputs of every layer, including the network input): unsigned 8-bit, UQ2.6.
+ACT_BITS = 8
+ACT_FRAC_BITS = 6
+ACT_MAX = (1 << ACT_BITS) - 1
+#: Logits of the output layer: signed 16-bit, Q7.8.
+LOGIT_BITS = 16
+LOGIT_FRAC_BITS = 8
+#: Gradients dY: signed 16-bit with a per-tensor power-of-two scale (see docs/numerics.md).
+GRAD_BITS = 16
+#: The output gradient (softmax minus one-hot) is Q0.15.
+OUT_GRAD_FRAC_BITS = 15
+#: Raw input gradients dX are saturated to this width before the per-tensor scale is chosen.
+DX_BITS = 32
+#: MAC accumulators. 48 bits hold any sum of the three GEMM phases for layers up to MAX_WIDTH.
+ACC_BITS = 48
+#: Widest layer (inputs or outputs) any build accepts; ACC_BITS is sized from it.
+MAX_WIDTH = 4096
+MAX_LAYERS = 8
+MAX_BATCH = 256
+
+#: Default per-layer forward shifts: hidden layers keep UQ2.6 (Q1.14 x UQ2.6 -> >> 14),
+#: the output layer produces Q7.8 logits (>> 12).
+HIDDEN_SHIFT = WEIGHT_FRAC_BITS + ACT_FRAC_BITS - ACT_FRAC_BITS
+OUTPUT_SHIFT = WEIGHT_FRAC_BITS + ACT_FRAC_BITS - LOGIT_FRAC_BITS
+
+# --- Predictive sign gradient -------------------------------------------------------------------
+#: The predictor multiplies the top PSG_ACT_MSBS bits of the activation by the top
+#: PSG_GRAD_MSBS bits of the gradient (both are bit slices of stored values).
+PSG_ACT_MSBS = 4
+PSG_GRAD_MSBS = 8
+
+# --- Softmax cross-entropy gradient unit ------------------------------------------------------
+#: log2(e) as LOG2E_NUM / 2**LOG2E_SHIFT (1477/1024 = 1.44238, error 1e-4).
+LOG2E_NUM = 1477
+LOG2E_SHIFT = 10
+#: Fraction bits of the base-2 exponent that index the table.
+EXP2_FRAC_BITS = 4
+#: EXP2_TABLE[i] = round(2**15 * 2**(-i/16)).
+EXP2_TABLE = tuple(int(round((1 << 15) * 2.0 ** (-i / (1 << EXP2_FRAC_BITS))))
+                   for i in range(1 << EXP2_FRAC_BITS))
+#: The reciprocal of the exponent sum is floor(2**RECIP_BITS / S).
+RECIP_BITS = 31
+
+# --- ssProp -----------------------------------------------------------------------------------
+#: Keep ratio as an 8-bit fraction: keep = keep_q8 / 256; 256 means dense (no selection).
+KEEP_ONE = 256
+#: 16-bit Galois LFSR for the random variant (x^16 + x^14 + x^13 + x^11 + 1).
+LFSR_TAPS = 0xB400
+
+# --- Update ------------------------------------------------------------------------------------
+#: The SGD update shift is clamped to this range after the gradient-scale correction.
+UPDATE_SHIFT_MAX = 47
+
+# --- Event counters -------------------------------------------------------------------------------
+#: Every event the engine counts, in register-map order. Names are the JSON keys too.
+COUNTERS = (
+    # work done
+    "batches",               # training batches run on the device
+    "samples",               # training samples run on the device
+    "infer_samples",         # inference samples
+    "mac_forward",           # full-precision MACs of the forward pass (training and inference)
+    "mac_input_grad",        # full-precision MACs of the input-gradient pass
+    "mac_weight_grad",       # full-precision MACs of the weight-gradient pass
+    "mac_weight_grad_low",   # low-precision (PSG predictor) MACs
+    "loss_elements",         # output neurons through the softmax-gradient unit
+    # work skipped, in MACs a dense step would have done, by reason
+    "skip_slu",
+    "skip_ssprop",
+    "skip_psg",
+    "skip_zero",
+    # memory traffic (see docs/numerics.md "Event accounting" for the unit of each)
+    "weight_reads",          # 16-bit weights (the weight memory is banked per lane)
+    "weight_writes",         # only weights that change are written
+    "act_reads",             # 8-bit activations
+    "act_writes",
+    "grad_reads",            # single gradient entries (logits, dY, dX scratch; 32-bit)
+    "grad_writes",
+    "grad_lane_reads",       # 16-bit dY entries read by the lanes in the GEMM phases
+    "act_msb_reads",         # PSG predictor: the top PSG_ACT_MSBS bits of an activation
+    "grad_msb_lane_reads",   # PSG predictor: the top PSG_GRAD_MSBS bits of a dY entry
+    # link
+    "link_rx_bytes",
+    "link_tx_bytes",
+    # cycles (simulated and real boards only; the model leaves them at zero)
+    "cycles",
+    "cycles_forward",
+    "cycles_loss",
+    "cycles_input_grad",
+    "cycles_weight_grad",
+    "cycles_update",
+)
+CYCLE_COUNTERS = tuple(c for c in COUNTERS if c.startswith("cycles"))
+#: Counters every backend must agree on exactly.
+EXACT_COUNTERS = tuple(c for c in COUNTERS if c not in CYCLE_COUNTERS)
+#: Skipped-work reasons; "smd" is counted by the host (a dropped batch never reaches the device).
+SKIP_REASONS = ("smd", "slu", "ssprop", "psg", "zero")
+COUNTER_BITS = 48
+
+
+@dataclass(frozen=True)
+class Build:
+    """What one engine build holds: the limits every configuration is checked against.
+
+    lanes:        P, the MAC lanes; one weight word holds P weights.
+    weight_words: depth of the weight memory in P-lane words.
+    act_bytes:    activation memory: the inputs of every layer for a whole batch.
+    grad_entries: gradient memory entries (dY of two adjacent layers and the raw dX scratch).
+    max_batch:    largest batch one train command accepts.
+    clock_hz:     engine clock, for cycle-to-time conversion.
+    """
+    name: str = "sim"
+    lanes: int = 8
+    weight_words: int = 8192
+    act_bytes: int = 32768
+    grad_entries: int = 32768
+    max_batch: int = 64
+    max_layers: int = MAX_LAYERS
+    max_width: int = 1024
+    clock_hz: int = 48_000_000
+    features: tuple = field(default=("psg", "slu", "ssprop", "zero_skip", "ssprop_random"))
+
+    def weight_words_needed(self, layers):
+        """Weight words a network occupies: ceil(N/P) blocks of K words per layer."""
+        return sum(-(-n // self.lanes) * k for k, n in zip(layers[:-1], layers[1:]))
+
+    def act_bytes_needed(self, layers, batch):
+        """Activation bytes for a batch: every layer's input for every sample."""
+        return batch * sum(layers[:-1])
+
+    def grad_entries_needed(self, layers, batch):
+        """Gradient entries: dY of a layer, dY of the layer below and the dX scratch."""
+        widest = max(a + 2 * b for a, b in zip(layers[1:], layers[:-1]))
+        return batch * max(widest, layers[-1])
+
+
+BUILDS = {
+    "sim": Build(),
+    "icebreaker": Build(name="icebreaker", lanes=8, weight_words=8192, act_bytes=8192,
+                        grad_entries=16384, max_batch=32, max_width=256, clock_hz=36_000_000),
+    "ulx3s": Build(name="ulx3s", lanes=32, weight_words=4096, act_bytes=32768,
+                   grad_entries=32768, max_batch=64, max_width=1024, clock_hz=100_000_000),
+}
+DEFAULT_BUILD = BUILDS["sim"]
+
+
+class ConfigError(ValueError):
+    """A configuration, data set or setting that this build cannot take. The message names
+    the offending value and the limit; nothing on the device has been changed."""
+
+
+def check_network(layers, build=DEFAULT_BUILD, batch=None):
+    """Raise ConfigError unless `layers` (widths, input first) fits `build`."""
+    layers = list(layers)
+    if len(layers) < 2:
+        raise ConfigError(f"a network needs at least 2 widths (input and output); got {layers}")
+    if len(layers) - 1 > build.max_layers:
+        raise ConfigError(f"network {layers} has {len(layers) - 1} layers; build "
+                          f"'{build.name}' holds at most {build.max_layers}")
+    for i, w in enumerate(layers):
+        if not isinstance(w, int) or w < 1:
+            raise ConfigError(f"width {i} of {layers} is {w!r}; widths are positive integers")
+        if w > build.max_width:
+            raise ConfigError(f"width {i} of {layers} is {w}; build '{build.name}' holds at "
+                              f"most {build.max_width} per layer")
+    if layers[-1] < 2:
+        raise ConfigError(f"the output layer has {layers[-1]} neurons; classification needs 2 "
+                          "or more")
+    words = build.weight_words_needed(layers)
+    if words > build.weight_words:
+        raise ConfigError(f"network {layers} needs {words} weight words; build '{build.name}' "
+                          f"holds {build.weight_words} (lanes={build.lanes})")
+    if batch is not None:
+        if not 1 <= batch <= build.max_batch:
+            raise ConfigError(f"batch size {batch} is outside 1..{build.max_batch} "
+                              f"(build '{build.name}')")
+        need = build.act_bytes_needed(layers, batch)
+        if need > build.act_bytes:
+            raise ConfigError(f"network {layers} with batch {batch} needs {need} activation "
+                              f"bytes; build '{build.name}' holds {build.act_bytes}")
+        need = build.grad_entries_needed(layers, batch)
+        if need > build.grad_entries:
+            raise ConfigError(f"network {layers} with batch {batch} needs {need} gradient "
+                              f"entries; build '{build.name}' holds {build.grad_entries}")
+    return layers
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """Per-batch settings of a training step (what the host writes before each batch).
+
+    update_mask:    per layer, True if its weights are updated this batch (SLU); None = all.
+    lr_shift:       SGD: dW = round(G >> (lr_shift + gradient-scale correction)).
+    zero_skip:      skip MAC cycles whose broadcast operand is zero.
+    psg:            predictive sign gradient instead of SGD.
+    psg_relative:   the threshold is max|G_pred| >> psg_tau instead of psg_tau itself.
+    psg_tau:        absolute threshold (predictor units) or relative shift.
+    psg_step_shift: sign update step is 2**psg_step_shift weight LSBs.
+    keep_q8:        ssProp keep ratio * 256; KEEP_ONE (256) is dense.
+    ssprop_random:  keep random channels (LFSR scores) instead of the largest |dY| sums.
+    lfsr_seed:      seed of the random variant's LFSR for this batch (1..65535).
+    """
+    update_mask: tuple | None = None
+    lr_shift: int = 10
+    zero_skip: bool = False
+    psg: bool = False
+    psg_relative: bool = False
+    psg_tau: int = 0
+    psg_step_shift: int = 4
+    keep_q8: int = KEEP_ONE
+    ssprop_random: bool = False
+    lfsr_seed: int = 1
+
+    def check(self, n_layers):
+        """Raise ConfigError naming the first value out of its range."""
+        if self.update_mask is not None and len(self.update_mask) != n_layers:
+            raise ConfigError(f"update_mask has {len(self.update_mask)} entries; the network "
+                              f"has {n_layers} layers")
+        if not 0 <= self.lr_shift <= UPDATE_SHIFT_MAX:
+            raise ConfigError(f"lr_shift {self.lr_shift} is outside 0..{UPDATE_SHIFT_MAX}")
+        if not 0 <= self.psg_step_shift <= WEIGHT_BITS - 2:
+            raise ConfigError(f"psg_step_shift {self.psg_step_shift} is outside "
+                              f"0..{WEIGHT_BITS - 2}")
+        if not 0 <= self.psg_tau < (1 << 32):
+            raise ConfigError(f"psg_tau {self.psg_tau} is outside 0..{(1 << 32) - 1}")
+        if self.psg_relative and self.psg_tau > 63:
+            raise ConfigError(f"relative psg_tau (a shift) {self.psg_tau} is outside 0..63")
+        if not 1 <= self.keep_q8 <= KEEP_ONE:
+            raise ConfigError(f"keep_q8 {self.keep_q8} is outside 1..{KEEP_ONE}")
+        if not 1 <= self.lfsr_seed <= 0xFFFF:
+            raise ConfigError(f"lfsr_seed {self.lfsr_seed} is outside 1..65535")
+        return self
+
+    def mask(self, n_layers):
+        """The update mask as a tuple of bools, one per layer (input side first)."""
+        return tuple(True for _ in range(n_layers)) if self.update_mask is None \
+            else tuple(bool(m) for m in self.update_mask)

@@ -1,0 +1,1 @@
+"""Simulation harnesses: cocotb benches and the simulated board."""
