@@ -270,7 +270,7 @@ class GoldenModel:
             c["mac_forward"] += n * cycles
             c["skip_zero"] += n * (a.size - cycles)
             c["weight_reads"] += n * cycles              # one 16-bit lane read per MAC
-            c["act_reads"] += blocks * cycles
+            c["act_reads"] += blocks * a.size            # zero or not, A[k] is read to know
             z = a @ w.T.astype(_I64)
             a = requantize(z, shift, relu=not last)
             if last:
@@ -288,20 +288,13 @@ class GoldenModel:
         return softmax_grad(logits, labels)
 
     def infer(self, x):
-        """Forward only; returns the predicted class of every sample."""
+        """Forward only (zero skipping on); returns the predicted class of every sample."""
         x, _ = self.check_batch(x)
         self.counters["act_writes"] += x.size
         _, logits = self._forward(x, zero_skip=True)
+        self.counters["grad_reads"] += logits.size          # the argmax pass
         self.counters["infer_samples"] += len(x)
         return argmax_first(logits)
-
-    def logits(self, x):
-        """Forward only, returning the Q7.8 logits (counted like `infer`)."""
-        x, _ = self.check_batch(x)
-        self.counters["act_writes"] += x.size
-        _, logits = self._forward(x, zero_skip=True)
-        self.counters["infer_samples"] += len(x)
-        return logits
 
     def train_batch(self, x, y, settings=StepSettings()):
         """One training step on a batch. Returns the number of samples the forward pass
@@ -376,7 +369,7 @@ class GoldenModel:
                 if settings.psg:
                     passes = 2 if settings.psg_relative else 1
                     c["mac_weight_grad_low"] += passes * keep * cycles
-                    c["act_msb_reads"] += passes * live_blocks * cycles
+                    c["act_msb_reads"] += passes * live_blocks * a.size
                     c["grad_msb_lane_reads"] += passes * keep * cycles
                     pred = psg_predict(dy_kept, a)
                     mag = np.abs(pred)
@@ -389,7 +382,7 @@ class GoldenModel:
                     unc_pad = np.zeros((pad, k), dtype=bool)
                     unc_pad[:n] = uncertain
                     words = unc_pad.reshape(-1, lanes, k).any(axis=1)   # (blocks, K)
-                    recompute = int((words * per_k[None, :]).sum())
+                    recompute = int(words.sum()) * batch
                     full_macs = int((uncertain * per_k[None, :]).sum())
                     c["act_reads"] += recompute
                     c["grad_lane_reads"] += full_macs
@@ -400,7 +393,7 @@ class GoldenModel:
                     new = sign_update(w, sign, settings.psg_step_shift)
                 else:
                     c["mac_weight_grad"] += keep * cycles
-                    c["act_reads"] += live_blocks * cycles
+                    c["act_reads"] += live_blocks * a.size
                     c["grad_lane_reads"] += keep * cycles
                     g = dy_kept.T @ a
                     shift_upd = min(max(settings.lr_shift + correction, 0),

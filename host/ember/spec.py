@@ -246,3 +246,27 @@ class StepSettings:
         """The update mask as a tuple of bools, one per layer (input side first)."""
         return tuple(True for _ in range(n_layers)) if self.update_mask is None \
             else tuple(bool(m) for m in self.update_mask)
+
+
+# --- Link and bus ---------------------------------------------------------------------------------
+#: The engine's bus: word addresses and 32-bit data words.
+BUS_ADDR_BITS = 24
+BUS_DATA_BITS = 32
+#: Most data words one READ or WRITE frame carries (the bridge buffers a whole frame before it
+#: touches the bus, so a corrupted frame changes nothing).
+LINK_MAX_WORDS = 256
+#: Response status codes (first byte of every response payload).
+LINK_STATUS = {
+    "ok": 0x00,
+    "bad_crc": 0x01,
+    "bad_length": 0x02,
+    "unknown_command": 0x03,
+    "out_of_range": 0x04,
+    "busy": 0x05,
+    "bad_value": 0x06,
+    "duplicate": 0x07,
+}
+#: Request commands.
+LINK_COMMANDS = {"read": 0x01, "write": 0x02}
+#: Default UART rate of the boards (a build parameter).
+DEFAULT_BAUD = 115200

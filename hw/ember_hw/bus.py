@@ -1,0 +1,33 @@
+"""The engine's internal register/memory bus: word-addressed request/acknowledge.
+
+The link bridge (the master) turns host frames into bus transactions; the engine (the slave)
+maps its registers, counters and memories into one word address space (see
+ember.spec.ADDRESS_MAP). One transaction at a time:
+
+- the master drives ``addr`` and, for a write, ``w_data``, and raises ``w_stb`` or ``r_stb``;
+  it holds them until the slave answers;
+- the slave answers in any later cycle with ``ack`` for one cycle (``r_data`` valid in that cycle
+  for a read) or with ``err`` for one cycle, ``r_data[0:8]`` then holding an error code
+  (ember.spec.LINK_STATUS: out of range, busy, bad value);
+- the master drops its strobe in the cycle after the answer.
+"""
+
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ember import spec
+
+
+class BusSignature(wiring.Signature):
+    """Master-side view of the bus (flip it for the slave)."""
+
+    def __init__(self, addr_width=spec.BUS_ADDR_BITS, data_width=spec.BUS_DATA_BITS):
+        super().__init__({
+            "addr": Out(addr_width),
+            "w_data": Out(data_width),
+            "w_stb": Out(1),
+            "r_stb": Out(1),
+            "ack": In(1),
+            "err": In(1),
+            "r_data": In(data_width),
+        })
