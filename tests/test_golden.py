@@ -251,7 +251,7 @@ def test_bad_input_is_rejected_before_anything_changes():
 def test_network_too_big_names_the_limit():
     with pytest.raises(ConfigError, match="width 1 of .* is 2000; build 'sim' holds at most 1024"):
         spec.check_network([64, 2000, 10])
-    with pytest.raises(ConfigError, match=r"needs 16640 weight words; build 'sim' holds 8192 "
+    with pytest.raises(ConfigError, match=r"needs 16640 weight words; build 'sim' holds 4096 "
                                           r"\(lanes=8\)"):
         spec.check_network([1024, 128, 10])
     with pytest.raises(ConfigError, match="activation bytes"):

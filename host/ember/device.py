@@ -75,7 +75,8 @@ class Device:
 def build_info(build):
     return {
         "build": build.name, "lanes": build.lanes, "weight_words": build.weight_words,
-        "act_bytes": build.act_bytes, "grad_entries": build.grad_entries,
+        "act_bytes": build.act_bytes, "grad_words": build.grad_words,
+        "scratch_entries": build.scratch_entries,
         "max_batch": build.max_batch, "max_layers": build.max_layers,
         "max_width": build.max_width, "clock_hz": build.clock_hz,
         "features": list(build.features), "version": __version__,

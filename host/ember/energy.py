@@ -87,8 +87,8 @@ class EnergyModel:
         low_acc = add_pj(p, spec.PSG_ACT_MSBS + spec.PSG_GRAD_MSBS + 8)
         # weights and lane-read gradients sit in one bank per lane; the rest is one array
         w_bank = b.weight_words * spec.WEIGHT_BITS // 8
-        grad_bytes = b.grad_entries * spec.DX_BITS // 8
-        g_bank = grad_bytes // b.lanes
+        g_bank = b.grad_words * spec.GRAD_BITS // 8
+        scratch = b.scratch_entries * spec.DX_BITS // 8
         write = float(p.get("sram_write_factor", 1.0))
         self.per_event = {
             "mac_forward": mult_pj(p, spec.WEIGHT_BITS, spec.ACT_BITS) + acc,
@@ -101,8 +101,10 @@ class EnergyModel:
             "weight_writes": write * sram_pj(p, w_bank, spec.WEIGHT_BITS),
             "act_reads": sram_pj(p, b.act_bytes, spec.ACT_BITS),
             "act_writes": write * sram_pj(p, b.act_bytes, spec.ACT_BITS),
-            "grad_reads": sram_pj(p, grad_bytes, spec.DX_BITS),
-            "grad_writes": write * sram_pj(p, grad_bytes, spec.DX_BITS),
+            # single entries: logits and dY in the lane banks, dX in the scratch; charged as
+            # 32-bit scratch accesses (the larger of the two)
+            "grad_reads": sram_pj(p, scratch, spec.DX_BITS),
+            "grad_writes": write * sram_pj(p, scratch, spec.DX_BITS),
             "grad_lane_reads": sram_pj(p, g_bank, spec.GRAD_BITS),
             # the predictor reads only the MSB bank of each memory (split by bit slice)
             "act_msb_reads": sram_pj(p, b.act_bytes, spec.PSG_ACT_MSBS),

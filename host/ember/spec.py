@@ -113,44 +113,59 @@ COUNTER_BITS = 48
 class Build:
     """What one engine build holds: the limits every configuration is checked against.
 
-    lanes:        P, the MAC lanes; one weight word holds P weights.
-    weight_words: depth of the weight memory in P-lane words.
-    act_bytes:    activation memory: the inputs of every layer for a whole batch.
-    grad_entries: gradient memory entries (dY of two adjacent layers and the raw dX scratch).
-    max_batch:    largest batch one train command accepts.
-    clock_hz:     engine clock, for cycle-to-time conversion.
+    lanes:           P, the MAC lanes (a power of two); one weight word holds P weights.
+    weight_words:    depth of the weight memory in P-lane words.
+    act_bytes:       activation memory: the inputs of every layer for a whole batch.
+    grad_words:      depth of the P-lane gradient memory; two halves hold dY of a layer and
+                     dY of the layer below (logits, in place, for the output layer).
+    scratch_entries: 32-bit raw input-gradient (dX) entries for a whole batch.
+    max_batch:       largest batch one train command accepts.
+    clock_hz:        engine clock, for cycle-to-time conversion.
     """
     name: str = "sim"
     lanes: int = 8
-    weight_words: int = 8192
-    act_bytes: int = 32768
-    grad_entries: int = 32768
+    weight_words: int = 4096
+    act_bytes: int = 16384
+    grad_words: int = 4096
+    scratch_entries: int = 8192
     max_batch: int = 64
     max_layers: int = MAX_LAYERS
     max_width: int = 1024
     clock_hz: int = 48_000_000
     features: tuple = field(default=("psg", "slu", "ssprop", "zero_skip", "ssprop_random"))
 
+    def __post_init__(self):
+        if self.lanes < 2 or self.lanes & (self.lanes - 1):
+            raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
+
+    def blocks(self, width):
+        return -(-width // self.lanes)
+
     def weight_words_needed(self, layers):
         """Weight words a network occupies: ceil(N/P) blocks of K words per layer."""
-        return sum(-(-n // self.lanes) * k for k, n in zip(layers[:-1], layers[1:]))
+        return sum(self.blocks(n) * k for k, n in zip(layers[:-1], layers[1:]))
 
     def act_bytes_needed(self, layers, batch):
         """Activation bytes for a batch: every layer's input for every sample."""
         return batch * sum(layers[:-1])
 
-    def grad_entries_needed(self, layers, batch):
-        """Gradient entries: dY of a layer, dY of the layer below and the dX scratch."""
-        widest = max(a + 2 * b for a, b in zip(layers[1:], layers[:-1]))
-        return batch * max(widest, layers[-1])
+    def grad_words_needed(self, layers, batch):
+        """Gradient words: two halves, each the widest layer output's dY for the batch."""
+        return 2 * batch * max(self.blocks(n) for n in layers[1:])
+
+    def scratch_needed(self, layers, batch):
+        """dX scratch entries: the widest hidden layer for the batch (0 for one layer)."""
+        return batch * max(layers[1:-1], default=0)
 
 
 BUILDS = {
     "sim": Build(),
-    "icebreaker": Build(name="icebreaker", lanes=8, weight_words=8192, act_bytes=8192,
-                        grad_entries=16384, max_batch=32, max_width=256, clock_hz=36_000_000),
-    "ulx3s": Build(name="ulx3s", lanes=32, weight_words=4096, act_bytes=32768,
-                   grad_entries=32768, max_batch=64, max_width=1024, clock_hz=100_000_000),
+    "icebreaker": Build(name="icebreaker", lanes=8, weight_words=4096, act_bytes=4096,
+                        grad_words=512, scratch_entries=2048, max_batch=32, max_width=256,
+                        clock_hz=36_000_000),
+    "ulx3s": Build(name="ulx3s", lanes=32, weight_words=2048, act_bytes=16384,
+                   grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
+                   clock_hz=100_000_000),
 }
 DEFAULT_BUILD = BUILDS["sim"]
 
@@ -189,10 +204,14 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
         if need > build.act_bytes:
             raise ConfigError(f"network {layers} with batch {batch} needs {need} activation "
                               f"bytes; build '{build.name}' holds {build.act_bytes}")
-        need = build.grad_entries_needed(layers, batch)
-        if need > build.grad_entries:
+        need = build.grad_words_needed(layers, batch)
+        if need > build.grad_words:
             raise ConfigError(f"network {layers} with batch {batch} needs {need} gradient "
-                              f"entries; build '{build.name}' holds {build.grad_entries}")
+                              f"words; build '{build.name}' holds {build.grad_words}")
+        need = build.scratch_needed(layers, batch)
+        if need > build.scratch_entries:
+            raise ConfigError(f"network {layers} with batch {batch} needs {need} dX scratch "
+                              f"entries; build '{build.name}' holds {build.scratch_entries}")
     return layers
 
 
@@ -270,3 +289,55 @@ LINK_STATUS = {
 LINK_COMMANDS = {"read": 0x01, "write": 0x02}
 #: Default UART rate of the boards (a build parameter).
 DEFAULT_BAUD = 115200
+
+
+# --- Engine address map (bus word addresses) -----------------------------------------------------
+#: Regions of the engine's bus address space: name -> (base word address, size in words).
+#: Weights pack two 16-bit lanes per word (word w, lane p at (w * lanes + p) // 2, low half first);
+#: activations four bytes per word (input batch: byte b * K + k); labels and predictions two
+#: 16-bit values per word.
+REGION_BITS = 20
+ADDRESS_MAP = {
+    "regs": (0x000000, 0x1000),
+    "counters": (0x001000, 0x1000),
+    "weights": (0x100000, 1 << REGION_BITS),
+    "acts": (0x200000, 1 << REGION_BITS),
+    "labels": (0x300000, 1 << REGION_BITS),
+    "predictions": (0x400000, 1 << REGION_BITS),
+}
+#: Registers (word offsets in the "regs" region). "ro" registers describe the build.
+REGISTERS = {
+    "id": (0x00, "ro"),            # ENGINE_ID
+    "version": (0x01, "ro"),       # ENGINE_VERSION
+    "lanes": (0x02, "ro"),
+    "weight_words": (0x03, "ro"),
+    "act_bytes": (0x04, "ro"),
+    "grad_words": (0x05, "ro"),
+    "scratch_entries": (0x0A, "ro"),
+    "max_batch": (0x06, "ro"),
+    "max_layers": (0x07, "ro"),
+    "max_width": (0x08, "ro"),
+    "counters": (0x09, "ro"),      # number of counters
+    "control": (0x10, "wo"),       # CONTROL_* bits: start a command
+    "status": (0x11, "ro"),        # bit 0 busy
+    "correct": (0x12, "ro"),       # samples the last training batch classified correctly
+    "batch": (0x18, "rw"),
+    "layers": (0x19, "rw"),
+    "update_mask": (0x1A, "rw"),
+    "lr_shift": (0x1B, "rw"),
+    "flags": (0x1C, "rw"),         # FLAG_* bits
+    "psg_tau": (0x1D, "rw"),
+    "psg_step_shift": (0x1E, "rw"),
+    "keep_q8": (0x1F, "rw"),
+    "lfsr_seed": (0x20, "rw"),
+}
+#: Layer descriptor l lives at LAYER_BASE + l * LAYER_STRIDE + field offset.
+LAYER_BASE = 0x40
+LAYER_STRIDE = 8
+LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
+ENGINE_ID = 0x454D4252          # "EMBR"
+ENGINE_VERSION = 1
+CONTROL_TRAIN = 1
+CONTROL_INFER = 2
+CONTROL_CLEAR_COUNTERS = 4
+FLAG_BITS = ("zero_skip", "psg", "psg_relative", "ssprop_random")

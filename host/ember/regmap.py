@@ -1,0 +1,161 @@
+"""The engine's bus address map seen from the host: where every register, counter and memory
+word is, and how the host lays a network, a batch and its settings out in them.
+
+Everything derives from ember.spec (ADDRESS_MAP, REGISTERS, LAYER_FIELDS, COUNTERS), the same
+definitions the gateware is elaborated from; `register_map()` exports them as a JSON document
+(docs/protocol.md) so other tools need not import Python.
+"""
+
+import numpy as np
+
+from . import spec
+from .spec import ConfigError, StepSettings
+
+
+def reg(name):
+    """Bus word address of a register."""
+    return spec.ADDRESS_MAP["regs"][0] + spec.REGISTERS[name][0]
+
+
+def layer_field(layer, name):
+    return (spec.ADDRESS_MAP["regs"][0] + spec.LAYER_BASE + layer * spec.LAYER_STRIDE
+            + spec.LAYER_FIELDS.index(name))
+
+
+def counter(name):
+    """Bus address of a counter's low word (the high bits are at the next address)."""
+    return spec.ADDRESS_MAP["counters"][0] + 2 * spec.COUNTERS.index(name)
+
+
+def region(name):
+    return spec.ADDRESS_MAP[name][0]
+
+
+def layout(layers, build):
+    """Descriptors of a network: for each layer its inputs, outputs, weight base (P-lane
+    words), activation base (bytes; depends on the batch, so given per unit batch: multiply by
+    the batch) and forward shift. Raises ConfigError if it does not fit the build."""
+    layers = spec.check_network(layers, build)
+    out, wbase = [], 0
+    n_layers = len(layers) - 1
+    for l, (k, n) in enumerate(zip(layers[:-1], layers[1:])):
+        out.append({"inputs": k, "outputs": n, "weight_base": wbase,
+                    "act_offset": sum(layers[:l]),
+                    "shift": spec.HIDDEN_SHIFT if l < n_layers - 1 else spec.OUTPUT_SHIFT})
+        wbase += build.blocks(n) * k
+    return out
+
+
+def descriptor_writes(layers, build, batch, shifts=None):
+    """(address, value) writes that configure the network for batches of `batch` samples."""
+    desc = layout(layers, build)
+    spec.check_network(layers, build, batch)
+    writes = [(reg("layers"), len(desc)), (reg("batch"), batch)]
+    for l, d in enumerate(desc):
+        values = {"inputs": d["inputs"], "outputs": d["outputs"],
+                  "weight_base": d["weight_base"], "act_base": d["act_offset"] * batch,
+                  "shift": d["shift"] if shifts is None else shifts[l]}
+        writes += [(layer_field(l, f), values[f]) for f in spec.LAYER_FIELDS]
+    return writes
+
+
+def settings_writes(settings: StepSettings, n_layers):
+    """(address, value) writes of one batch's step settings."""
+    settings.check(n_layers)
+    mask = sum(1 << i for i, on in enumerate(settings.mask(n_layers)) if on)
+    flags = sum(1 << i for i, name in enumerate(spec.FLAG_BITS)
+                if getattr(settings, name))
+    return [(reg("update_mask"), mask), (reg("lr_shift"), settings.lr_shift),
+            (reg("flags"), flags), (reg("psg_tau"), settings.psg_tau),
+            (reg("psg_step_shift"), settings.psg_step_shift),
+            (reg("keep_q8"), settings.keep_q8), (reg("lfsr_seed"), settings.lfsr_seed)]
+
+
+def pack_weights(weights, layers, build):
+    """Weights -> {bus address: word}: word w, lane p of the weight memory is at
+    weights + (w * P + p) // 2, even lane in the low half. Lanes past a layer's outputs are 0."""
+    P = build.lanes
+    words = {}
+    for d, w in zip(layout(layers, build), weights):
+        n, k = w.shape
+        blocks = build.blocks(n)
+        lanes = np.zeros((blocks * P, k), dtype=np.int64)
+        lanes[:n] = w
+        # memory word (j, k) holds lanes[j*P : j*P+P, k]
+        mem = lanes.reshape(blocks, P, k).transpose(0, 2, 1).reshape(-1, P)  # (blocks*k, P)
+        flat = (mem & 0xFFFF).reshape(-1)
+        pairs = flat[0::2] | (flat[1::2] << 16)
+        base = region("weights") + d["weight_base"] * P // 2
+        for i, v in enumerate(pairs):
+            words[base + i] = int(v)
+    return words
+
+
+def unpack_weights(read, layers, build):
+    """Read the weights back: `read(address, count)` returns that many bus words."""
+    P = build.lanes
+    out = []
+    for d in layout(layers, build):
+        n, k = d["outputs"], d["inputs"]
+        blocks = build.blocks(n)
+        count = blocks * k * P // 2
+        pairs = np.array(read(region("weights") + d["weight_base"] * P // 2, count),
+                         dtype=np.int64)
+        flat = np.empty(2 * count, dtype=np.int64)
+        flat[0::2], flat[1::2] = pairs & 0xFFFF, (pairs >> 16) & 0xFFFF
+        flat = np.where(flat >= 0x8000, flat - 0x10000, flat)
+        lanes = flat.reshape(blocks, k, P).transpose(0, 2, 1).reshape(blocks * P, k)
+        out.append(lanes[:n].astype(np.int16))
+    return out
+
+
+def pack_bytes(values):
+    """Bytes, four per little-endian bus word."""
+    v = np.asarray(values, dtype=np.int64).reshape(-1)
+    v = np.concatenate([v, np.zeros((-len(v)) % 4, dtype=np.int64)])
+    return [int(x) for x in v[0::4] | (v[1::4] << 8) | (v[2::4] << 16) | (v[3::4] << 24)]
+
+
+def pack_halves(values):
+    """16-bit values, two per bus word (labels)."""
+    v = np.asarray(values, dtype=np.int64).reshape(-1)
+    v = np.concatenate([v, np.zeros(len(v) % 2, dtype=np.int64)])
+    return [int(x) for x in (v[0::2] & 0xFFFF) | ((v[1::2] & 0xFFFF) << 16)]
+
+
+def unpack_halves(words, count):
+    w = np.asarray(words, dtype=np.int64)
+    v = np.empty(2 * len(w), dtype=np.int64)
+    v[0::2], v[1::2] = w & 0xFFFF, (w >> 16) & 0xFFFF
+    return v[:count]
+
+
+def batch_writes(x, y=None):
+    """Writes of an input batch (and labels) as (base address, words) bursts."""
+    bursts = [(region("acts"), pack_bytes(x))]
+    if y is not None:
+        bursts.append((region("labels"), pack_halves(y)))
+    return bursts
+
+
+def counters_from_words(words):
+    """2 words per counter (low 32 bits, high bits) -> {name: value}."""
+    return {name: int(words[2 * i]) | (int(words[2 * i + 1]) << 32)
+            for i, name in enumerate(spec.COUNTERS)}
+
+
+def register_map():
+    """The whole map as a JSON-ready dict (what docs/protocol.md's table is made from)."""
+    return {
+        "regions": {k: {"base": b, "words": s} for k, (b, s) in spec.ADDRESS_MAP.items()},
+        "registers": {k: {"address": reg(k), "access": a} for k, (o, a) in
+                      spec.REGISTERS.items()},
+        "layer_fields": {f: [layer_field(l, f) for l in range(spec.MAX_LAYERS)]
+                         for f in spec.LAYER_FIELDS},
+        "counters": {c: counter(c) for c in spec.COUNTERS},
+        "flags": {f: 1 << i for i, f in enumerate(spec.FLAG_BITS)},
+        "control": {"train": spec.CONTROL_TRAIN, "infer": spec.CONTROL_INFER,
+                    "clear_counters": spec.CONTROL_CLEAR_COUNTERS},
+        "status": {name: code for name, code in spec.LINK_STATUS.items()},
+    }
+

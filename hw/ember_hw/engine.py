@@ -1,0 +1,909 @@
+"""The training engine core: memories, MAC lanes, sequencer, event counters and register bank.
+
+`EngineCore` is a bus slave (ember_hw.bus.BusSignature, flipped). The host (through the link
+bridge) writes the layer descriptors, settings, weights, an input batch and its labels, then
+writes CONTROL; the sequencer runs the command and the host polls STATUS. Everything it computes
+and counts follows docs/numerics.md and the golden model (ember.golden) exactly.
+
+Datapath, for a build with P lanes (spec.Build):
+
+- weight memory: P lanes x 16 bits per word; layer l's block j (outputs jP..jP+P-1) for input k
+  is word weight_base + j*K + k;
+- activation memory: bytes; layer l's input for sample b, index k at act_base + b*K + k;
+- gradient memory: P lanes x 16 bits, two halves; dY of a layer for sample b, block j at word
+  half_base + b*ceil(N/P) + j (the output layer's logits sit there too, and the loss unit
+  overwrites them in place with dY);
+- dX scratch: 32-bit raw input gradients, entry b*K + k;
+- P lane multipliers (16 x 16 signed) shared by every phase, P 48-bit accumulators, an adder
+  tree for the input-gradient pass, one shared round/shift/saturate unit for requantization
+  and updates (lanes are written back one per cycle).
+
+Sequencer phases of a training command: forward (per sample, layer, block), loss (per sample),
+then per layer from the top: ssProp scoring and selection, input gradient, dX requantization,
+weight gradient (SGD, or PSG prediction, decision and recompute) and update.
+"""
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ember import spec
+
+from .bus import BusSignature
+from .loss import SoftmaxGradUnit
+from .select import ChannelSelector, Lfsr16
+
+ACC = signed(spec.ACC_BITS)
+
+
+def _bits(n):
+    return max(1, (n - 1).bit_length())
+
+
+def round_shift(value, shift, width):
+    """Round to nearest, ties away from zero, then arithmetic right shift by `shift` (a
+    signal): (value + 2**(shift-1) - (value < 0)) >> shift; shift 0 is the identity.
+    `value` is signed and `width` bits wide; the result is signed(width + 1)."""
+    half = (Const(1, unsigned(width)) << (shift - 1).as_unsigned()[:len(shift)])[:width]
+    bias = Mux(shift == 0, 0, half.as_signed() - value[-1].as_unsigned())
+    return (value.as_signed() + bias) >> shift
+
+
+def saturate(value, lo, hi):
+    return Mux(value > hi, hi, Mux(value < lo, lo, value))
+
+
+class EngineCore(wiring.Component):
+    """The engine behind the bus.
+
+    Ports:
+      bus:     In(BusSignature()) -- register, counter and memory access (see spec.ADDRESS_MAP);
+               answers `busy` to memory and setting writes while a command runs.
+      link_rx, link_tx: In(1) -- one pulse per link byte received / sent (counted).
+      busy:    Out(1) -- a command is running.
+    """
+
+    def __init__(self, build=spec.DEFAULT_BUILD):
+        self.build = build
+        super().__init__({
+            "bus": In(BusSignature()),
+            "link_rx": In(1),
+            "link_tx": In(1),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bld = self.build
+        P = bld.lanes
+        LOGP = P.bit_length() - 1
+        W = spec.WEIGHT_BITS
+        WIDTH = _bits(bld.max_width + 1)           # holds max_width
+        BATCH = _bits(bld.max_batch + 1)
+        L = bld.max_layers
+        bus = self.bus
+
+        # ---------------------------------------------------------------- memories
+        m.submodules.wmem = wmem = Memory(shape=unsigned(P * W), depth=bld.weight_words, init=[])
+        m.submodules.amem = amem = Memory(shape=unsigned(8), depth=bld.act_bytes, init=[])
+        m.submodules.gmem = gmem = Memory(shape=unsigned(P * 16), depth=bld.grad_words, init=[])
+        m.submodules.smem = smem = Memory(shape=signed(spec.DX_BITS),
+                                          depth=max(1, bld.scratch_entries), init=[])
+        m.submodules.lmem = lmem = Memory(shape=unsigned(16), depth=bld.max_batch, init=[])
+        m.submodules.pmem = pmem = Memory(shape=unsigned(16), depth=bld.max_batch, init=[])
+        kept_depth = bld.blocks(bld.max_width)
+        m.submodules.kmem = kmem = Memory(shape=unsigned(P), depth=kept_depth, init=[])
+        w_rd, w_wr = wmem.read_port(), wmem.write_port(granularity=W)
+        a_rd, a_wr = amem.read_port(), amem.write_port()
+        g_rd, g_wr = gmem.read_port(), gmem.write_port(granularity=16)
+        s_rd, s_wr = smem.read_port(), smem.write_port()
+        l_rd, l_wr = lmem.read_port(), lmem.write_port()
+        p_rd, p_wr = pmem.read_port(), pmem.write_port()
+        k_rd, k_wr = kmem.read_port(), kmem.write_port()
+
+        m.submodules.loss = loss = SoftmaxGradUnit(max_classes=bld.max_width)
+        m.submodules.selector = sel = ChannelSelector(max_channels=bld.max_width)
+        m.submodules.lfsr = lfsr = Lfsr16()
+
+        # ---------------------------------------------------------------- registers
+        batch = Signal(BATCH)
+        n_layers = Signal(range(L + 1))
+        update_mask = Signal(L)
+        lr_shift = Signal(6)
+        flags = Signal(len(spec.FLAG_BITS))
+        psg_tau = Signal(32)
+        psg_step = Signal(4)
+        keep_q8 = Signal(9, init=spec.KEEP_ONE)
+        lfsr_seed = Signal(16, init=1)
+        zero_skip_reg, psg_on, psg_rel, ss_random = (flags[i] for i in range(4))
+        d_inputs = Array(Signal(WIDTH, name=f"l{i}_inputs") for i in range(L))
+        d_outputs = Array(Signal(WIDTH, name=f"l{i}_outputs") for i in range(L))
+        d_wbase = Array(Signal(_bits(bld.weight_words), name=f"l{i}_wbase") for i in range(L))
+        d_abase = Array(Signal(_bits(bld.act_bytes), name=f"l{i}_abase") for i in range(L + 1))
+        d_shift = Array(Signal(5, name=f"l{i}_shift") for i in range(L))
+        correct = Signal(BATCH)
+        label = Signal(16)
+
+        # ---------------------------------------------------------------- counters
+        cnt = {name: Signal(spec.COUNTER_BITS, name=f"cnt_{name}") for name in spec.COUNTERS}
+        inc = {name: Signal(32, name=f"inc_{name}") for name in spec.COUNTERS}
+        clear_counters = Signal()
+        for name in spec.COUNTERS:
+            with m.If(clear_counters):
+                m.d.sync += cnt[name].eq(0)
+            with m.Else():
+                m.d.sync += cnt[name].eq(cnt[name] + inc[name])
+        m.d.comb += [inc["link_rx_bytes"].eq(self.link_rx), inc["link_tx_bytes"].eq(self.link_tx)]
+
+        def count(name, amount=1):
+            return inc[name].eq(amount)
+
+        def popcount(word):
+            return sum(word[i] for i in range(len(word)))
+
+        # ---------------------------------------------------------------- command state
+        busy = Signal()
+        infer_mode = Signal()
+        m.d.comb += self.busy.eq(busy)
+        start_train = Signal()
+        start_infer = Signal()
+
+        # ---------------------------------------------------------------- bus slave
+        region = bus.addr[spec.REGION_BITS:]
+        offset = bus.addr[:spec.REGION_BITS]
+        regions = {name: base >> spec.REGION_BITS for name, (base, _) in spec.ADDRESS_MAP.items()
+                   if base >> spec.REGION_BITS}
+        reg_off = bus.addr[:12]
+        code = {k: v for k, v in spec.LINK_STATUS.items()}
+        bus_phase = Signal(3)        # sub-steps of multi-cycle accesses
+        bus_rdata = Signal(32)
+        ro_values = {
+            "id": spec.ENGINE_ID, "version": spec.ENGINE_VERSION, "lanes": P,
+            "weight_words": bld.weight_words, "act_bytes": bld.act_bytes,
+            "grad_words": bld.grad_words, "scratch_entries": bld.scratch_entries,
+            "max_batch": bld.max_batch, "max_layers": L, "max_width": bld.max_width,
+            "counters": len(spec.COUNTERS),
+        }
+        rw_regs = {"batch": batch, "layers": n_layers, "update_mask": update_mask,
+                   "lr_shift": lr_shift, "flags": flags, "psg_tau": psg_tau,
+                   "psg_step_shift": psg_step, "keep_q8": keep_q8, "lfsr_seed": lfsr_seed}
+        fields = {"inputs": d_inputs, "outputs": d_outputs, "weight_base": d_wbase,
+                  "act_base": d_abase, "shift": d_shift}
+
+        def ack(data=None):
+            stmts = [bus.ack.eq(1)]
+            if data is not None:
+                stmts.append(bus.r_data.eq(data))
+            return stmts
+
+        def err(name):
+            return [bus.err.eq(1), bus.r_data.eq(code[name])]
+
+        # the master drops its strobe in the cycle after an answer (bus contract)
+        active = Signal()
+        m.d.comb += active.eq(bus.w_stb | bus.r_stb)
+        wr = bus.w_stb
+        # memory ports driven by the bus when idle (the sequencer owns them when busy)
+        bus_w_addr = Signal.like(w_rd.addr)
+        bus_lane_pair = Signal(LOGP)
+        bus_a_byte = Signal(2)
+
+        with m.If(active):
+            with m.Switch(region):
+                with m.Case(0):
+                    with m.If(bus.addr[12:spec.REGION_BITS] == 0):
+                        # registers
+                        with m.Switch(reg_off):
+                            for name, (off, mode) in spec.REGISTERS.items():
+                                with m.Case(off):
+                                    if mode == "ro":
+                                        if name == "status":
+                                            m.d.comb += ack(busy)
+                                        elif name == "correct":
+                                            m.d.comb += ack(correct)
+                                        else:
+                                            m.d.comb += ack(ro_values[name])
+                                    elif mode == "wo":
+                                        with m.If(wr):
+                                            with m.If(busy):
+                                                m.d.comb += err("busy")
+                                            with m.Else():
+                                                m.d.comb += ack()
+                                                m.d.comb += [
+                                                    start_train.eq(bus.w_data[0]),
+                                                    start_infer.eq(bus.w_data[1]),
+                                                    clear_counters.eq(bus.w_data[2]),
+                                                ]
+                                        with m.Else():
+                                            m.d.comb += ack(0)
+                                    else:
+                                        sig = rw_regs[name]
+                                        with m.If(wr):
+                                            with m.If(busy):
+                                                m.d.comb += err("busy")
+                                            with m.Else():
+                                                m.d.sync += sig.eq(bus.w_data)
+                                                m.d.comb += ack()
+                                        with m.Else():
+                                            m.d.comb += ack(sig)
+                            for l in range(L):
+                                for f, fname in enumerate(spec.LAYER_FIELDS):
+                                    off = spec.LAYER_BASE + l * spec.LAYER_STRIDE + f
+                                    with m.Case(off):
+                                        sig = fields[fname][l]
+                                        with m.If(wr):
+                                            with m.If(busy):
+                                                m.d.comb += err("busy")
+                                            with m.Else():
+                                                m.d.sync += sig.eq(bus.w_data)
+                                                m.d.comb += ack()
+                                        with m.Else():
+                                            m.d.comb += ack(sig)
+                            with m.Default():
+                                m.d.comb += err("out_of_range")
+                    with m.Elif(bus.addr[12:spec.REGION_BITS] == 1):
+                        # counters: 2 words each (low 32 bits, high bits); read only
+                        idx = bus.addr[1:12]
+                        with m.If(wr):
+                            m.d.comb += err("out_of_range")
+                        with m.Else():
+                            with m.Switch(idx):
+                                for i, name in enumerate(spec.COUNTERS):
+                                    with m.Case(i):
+                                        m.d.comb += ack(Mux(bus.addr[0], cnt[name][32:],
+                                                            cnt[name][:32]))
+                                with m.Default():
+                                    m.d.comb += err("out_of_range")
+                    with m.Else():
+                        m.d.comb += err("out_of_range")
+                with m.Case(regions["weights"]):
+                    # two lanes per bus word; word = offset*2 // P
+                    word = offset[LOGP - 1:]
+                    pair = offset[:LOGP - 1] if LOGP > 1 else Const(0, 1)
+                    with m.If(word >= bld.weight_words):
+                        m.d.comb += err("out_of_range")
+                    with m.Elif(busy):
+                        m.d.comb += err("busy")
+                    with m.Elif(wr):
+                        m.d.comb += [w_wr.addr.eq(word),
+                                     w_wr.data.eq(bus.w_data.replicate(P // 2)),
+                                     w_wr.en.eq(Const(0b11, 2) << (pair * 2))]
+                        m.d.comb += ack()
+                    with m.Else():
+                        # read: address this cycle, data next cycle
+                        with m.If(bus_phase == 0):
+                            m.d.comb += [bus_w_addr.eq(word)]
+                            m.d.sync += [bus_phase.eq(1), bus_lane_pair.eq(pair)]
+                        with m.Else():
+                            m.d.comb += [bus_w_addr.eq(word)]
+                            m.d.comb += ack(w_rd.data.word_select(bus_lane_pair, 32))
+                            m.d.sync += bus_phase.eq(0)
+                with m.Case(regions["acts"]):
+                    # four bytes per bus word, written one per cycle; bytes past the input
+                    # region (batch * inputs of layer 0) are not written (nor counted)
+                    byte = Cat(bus_a_byte, offset)
+                    with m.If(offset >= (bld.act_bytes + 3) // 4):
+                        m.d.comb += err("out_of_range")
+                    with m.Elif(busy):
+                        m.d.comb += err("busy")
+                    with m.Elif(wr):
+                        limit = batch * d_inputs[0]
+                        with m.If(byte < limit):
+                            m.d.comb += [a_wr.addr.eq(byte), a_wr.en.eq(1),
+                                         a_wr.data.eq(bus.w_data.word_select(bus_a_byte, 8)),
+                                         count("act_writes")]
+                        m.d.sync += bus_a_byte.eq(bus_a_byte + 1)
+                        with m.If(bus_a_byte == 3):
+                            m.d.comb += ack()
+                    with m.Else():
+                        m.d.comb += err("bad_value")      # activations are write-only
+                with m.Case(regions["labels"], regions["predictions"]):
+                    idx = Cat(Const(0, 1), offset)
+                    mem_rd = Mux(region == regions["labels"], l_rd.data, p_rd.data)
+                    with m.If(offset >= (bld.max_batch + 1) // 2):
+                        m.d.comb += err("out_of_range")
+                    with m.Elif(busy):
+                        m.d.comb += err("busy")
+                    with m.Elif(wr & (region == regions["labels"])):
+                        m.d.comb += [l_wr.addr.eq(idx | bus_a_byte[0]), l_wr.en.eq(1),
+                                     l_wr.data.eq(bus.w_data.word_select(bus_a_byte[0], 16))]
+                        m.d.sync += bus_a_byte.eq(Mux(bus_a_byte[0], 0, 1))
+                        with m.If(bus_a_byte[0]):
+                            m.d.comb += ack()
+                    with m.Elif(wr):
+                        m.d.comb += err("bad_value")
+                    with m.Else():
+                        # two reads of 16 bits, one cycle of latency each
+                        m.d.comb += [l_rd.addr.eq(idx | bus_phase[1]),
+                                     p_rd.addr.eq(idx | bus_phase[1])]
+                        with m.Switch(bus_phase):
+                            with m.Case(0):
+                                m.d.sync += bus_phase.eq(1)
+                            with m.Case(1):
+                                m.d.sync += [bus_rdata[:16].eq(mem_rd), bus_phase.eq(2)]
+                            with m.Case(2):
+                                m.d.sync += bus_phase.eq(3)
+                            with m.Case(3):
+                                m.d.comb += ack(Cat(bus_rdata[:16], mem_rd))
+                                m.d.sync += bus_phase.eq(0)
+                with m.Default():
+                    m.d.comb += err("out_of_range")
+
+        # ---------------------------------------------------------------- sequencer state
+        l = Signal(range(L + 1))            # current layer
+        b = Signal(BATCH)
+        j = Signal(WIDTH)
+        k = Signal(WIDTH)
+        n = Signal(WIDTH)
+        p = Signal(range(P + 1))
+        K = Signal(WIDTH)
+        N = Signal(WIDTH)
+        nb = Signal(WIDTH)                  # blocks of the current layer
+        wbase = Signal.like(d_wbase[0])
+        abase = Signal.like(d_abase[0])
+        next_abase = Signal.like(d_abase[0])
+        shift = Signal(5)
+        last_layer = Signal()
+        m.d.comb += [
+            K.eq(d_inputs[l]), N.eq(d_outputs[l]), wbase.eq(d_wbase[l]), abase.eq(d_abase[l]),
+            next_abase.eq(d_abase[l + 1]), shift.eq(d_shift[l]),
+            nb.eq((N + P - 1) >> LOGP), last_layer.eq(l == n_layers - 1),
+        ]
+        half = bld.grad_words // 2
+        cur_half = Signal()                 # which half of gmem holds the current dY
+        gbase = Signal(_bits(bld.grad_words))
+        gbase_below = Signal(_bits(bld.grad_words))
+        m.d.comb += [gbase.eq(Mux(cur_half, half, 0)), gbase_below.eq(Mux(cur_half, 0, half))]
+        zs = Signal()
+        m.d.comb += zs.eq(zero_skip_reg | infer_mode)
+
+        # pointers kept incrementally instead of multiplied on every access
+        a_row = Signal.like(d_abase[0])     # act address of (b, k=0) of the current layer
+        w_row = Signal.like(d_wbase[0])     # weight word of (j, k=0)
+        g_row = Signal(_bits(bld.grad_words))   # gradient word of (b, j=0)
+
+        # lane datapath
+        acc = [Signal(ACC, name=f"acc{i}") for i in range(P)]
+        acc_arr = Array(acc)
+        mul_a = [Signal(signed(16), name=f"mul_a{i}") for i in range(P)]
+        mul_b = [Signal(signed(16), name=f"mul_b{i}") for i in range(P)]
+        prod = [Signal(signed(32), name=f"prod{i}") for i in range(P)]
+        for i in range(P):
+            m.d.comb += prod[i].eq(mul_a[i] * mul_b[i])
+        w_lane = [w_rd.data.word_select(i, W).as_signed() for i in range(P)]
+        g_lane = [g_rd.data.word_select(i, 16).as_signed() for i in range(P)]
+
+        # pipeline registers of the streaming loops: stage 1 has the operands read in stage 0
+        s1_valid, s2_valid = Signal(), Signal()
+        s1_last, s2_last = Signal(), Signal()
+        s2_live = Signal()
+        s2_act = Signal(8)
+        lanes_on = Signal(P)                # kept lanes of the current block
+        s1_lanes = Signal(P)
+        s2_lanes = Signal(P)
+
+        # scalar helpers
+        dx_acc = Signal(ACC)
+        dx_max = Signal(spec.DX_BITS)
+        dx_shift = Signal(6)
+        correction = Signal(signed(12))
+        upd_shift = Signal(6)
+        keep = Signal(WIDTH)
+        do_wgrad, do_igrad = Signal(), Signal()
+        relu_live = Signal()
+        live_count = Signal(BATCH)
+        psg_max = Signal(32)
+        psg_pass_a = Signal()               # relative mode: first pass, finds the maximum
+        pred = [Signal(signed(32), name=f"pred{i}") for i in range(P)]
+        confident = Signal(P)
+        uncertain = Signal(P)
+        new_word = Signal(P * W)
+        changed = Signal(P)
+        score = Signal(32)
+        packed = Signal(P)
+
+        kept_dense = Signal(P)              # lanes of block j that exist
+        remaining = Signal(signed(WIDTH + 1))
+        m.d.comb += remaining.eq(N - (j << LOGP))
+        for i in range(P):
+            m.d.comb += kept_dense[i].eq(remaining > i)
+        dense = Signal()
+        m.d.comb += dense.eq(keep >= N)
+
+        # memory port defaults: the bus drives them when idle
+        with m.If(~busy):
+            m.d.comb += w_rd.addr.eq(bus_w_addr)
+
+        # --------------------------------------------------------------------- the FSM
+        with m.FSM(name="seq"):
+            with m.State("IDLE"):
+                with m.If(start_train | start_infer):
+                    m.d.sync += [busy.eq(1), infer_mode.eq(start_infer), b.eq(0), l.eq(0),
+                                 j.eq(0), correct.eq(0), correction.eq(0), cur_half.eq(0)]
+                    m.d.comb += lfsr.load.eq(1)
+                    m.d.comb += lfsr.seed.eq(lfsr_seed)
+                    m.next = "FWD_ROW"
+
+            # ---------------- forward: for b, for l, for j: acc = W[j] . A[b]; write back
+            with m.State("FWD_ROW"):
+                m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0),
+                             a_row.eq(abase + b * K), w_row.eq(wbase + j * K)]
+                m.d.sync += [a.eq(0) for a in acc]
+                m.next = "FWD_RUN"
+            with m.State("FWD_RUN"):
+                # stage 0: read A[b, k]
+                m.d.comb += [a_rd.addr.eq(a_row + k), count("act_reads", k < K)]
+                m.d.sync += [s1_valid.eq(k < K), s1_last.eq(k == K - 1)]
+                with m.If(k < K):
+                    m.d.sync += k.eq(k + 1)
+                # stage 1: A known; read the weight word unless A is zero and skipping
+                a_val = a_rd.data
+                live1 = (a_val != 0) | ~zs
+                m.d.comb += w_rd.addr.eq(w_row + k - 1)
+                lanes_valid = Signal(P)
+                m.d.comb += lanes_valid.eq(kept_dense)
+                with m.If(s1_valid):
+                    with m.If(live1):
+                        m.d.comb += count("weight_reads", popcount(lanes_valid))
+                    with m.Else():
+                        m.d.comb += count("skip_zero", popcount(lanes_valid))
+                m.d.sync += [s2_valid.eq(s1_valid), s2_live.eq(live1), s2_act.eq(a_val),
+                             s2_last.eq(s1_last)]
+                # stage 2: MAC
+                for i in range(P):
+                    m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(s2_act)]
+                with m.If(s2_valid & s2_live):
+                    m.d.comb += count("mac_forward", popcount(lanes_valid))
+                    for i in range(P):
+                        with m.If(lanes_valid[i]):
+                            m.d.sync += acc[i].eq(acc[i] + prod[i])
+                with m.If(s2_valid & s2_last):
+                    m.d.sync += p.eq(0)
+                    m.next = "FWD_WB"
+            with m.State("FWD_WB"):
+                # one lane per cycle through the shared requantizer
+                y = Signal(signed(spec.ACC_BITS + 1))
+                m.d.comb += y.eq(round_shift(acc_arr[p], shift, spec.ACC_BITS))
+                out_n = (j << LOGP) + p
+                with m.If(out_n < N):
+                    with m.If(last_layer):
+                        logit = saturate(y, -32768, 32767)
+                        m.d.comb += [g_wr.addr.eq(gbase + b * nb + j),
+                                     g_wr.data.eq(logit.as_unsigned()[:16].replicate(P)),
+                                     g_wr.en.eq(1 << p), count("grad_writes")]
+                    with m.Else():
+                        m.d.comb += [a_wr.addr.eq(next_abase + b * N + out_n),
+                                     a_wr.data.eq(saturate(y, 0, 255)[:8]), a_wr.en.eq(1),
+                                     count("act_writes")]
+                m.d.sync += p.eq(p + 1)
+                with m.If(p == P - 1):
+                    with m.If(j + 1 < nb):
+                        m.d.sync += j.eq(j + 1)
+                        m.next = "FWD_ROW"
+                    with m.Elif(~last_layer):
+                        m.d.sync += [j.eq(0), l.eq(l + 1)]
+                        m.next = "FWD_ROW"
+                    with m.Elif(b + 1 < batch):
+                        m.d.sync += [j.eq(0), l.eq(0), b.eq(b + 1)]
+                        m.next = "FWD_ROW"
+                    with m.Else():
+                        m.d.sync += b.eq(0)
+                        m.next = "AFTER_FWD"
+            with m.State("AFTER_FWD"):
+                with m.If(infer_mode):
+                    m.d.sync += [b.eq(0), n.eq(0)]
+                    m.next = "INF_ROW"
+                with m.Else():
+                    m.d.sync += b.eq(0)
+                    m.next = "LOSS_START"
+
+            # ---------------- inference: argmax of the logits per sample
+            best = Signal(signed(16))
+            best_n = Signal(WIDTH)
+            with m.State("INF_ROW"):
+                m.d.sync += [n.eq(0), s1_valid.eq(0), best_n.eq(0)]
+                m.next = "INF_RUN"
+            with m.State("INF_RUN"):
+                m.d.comb += [g_rd.addr.eq(gbase + b * nb + (n >> LOGP)),
+                             count("grad_reads", n < N)]
+                m.d.sync += [s1_valid.eq(n < N), s1_last.eq(n == N - 1),
+                             p.eq(n[:LOGP] if LOGP else 0)]
+                with m.If(n < N):
+                    m.d.sync += n.eq(n + 1)
+                z = Array(g_lane)[p]
+                with m.If(s1_valid):
+                    with m.If((n == 1) | (z > best)):   # n == 1: the first value arrives
+                        m.d.sync += [best.eq(z), best_n.eq(n - 1)]
+                    with m.If(s1_last):
+                        m.next = "INF_WRITE"
+            with m.State("INF_WRITE"):
+                m.d.comb += [p_wr.addr.eq(b), p_wr.data.eq(best_n), p_wr.en.eq(1)]
+                with m.If(b + 1 < batch):
+                    m.d.sync += b.eq(b + 1)
+                    m.next = "INF_ROW"
+                with m.Else():
+                    m.d.comb += count("infer_samples", batch)
+                    m.next = "DONE"
+
+            # ---------------- loss: the softmax-gradient unit, one sample at a time
+            with m.State("LOSS_START"):
+                m.d.comb += [l_rd.addr.eq(b)]
+                m.next = "LOSS_GO"
+            with m.State("LOSS_GO"):
+                m.d.sync += label.eq(l_rd.data)
+                m.next = "LOSS_GO2"
+            with m.State("LOSS_GO2"):
+                m.d.comb += [loss.start.eq(1), loss.classes.eq(N), loss.label.eq(label)]
+                m.d.sync += p.eq(0)
+                m.next = "LOSS_RUN"
+            with m.State("LOSS_RUN"):
+                m.d.comb += [loss.classes.eq(N), loss.label.eq(label),
+                             g_rd.addr.eq(gbase + b * nb +
+                                                              (loss.rd_addr >> LOGP))]
+                m.d.sync += p.eq(loss.rd_addr[:LOGP] if LOGP else 0)
+                m.d.comb += loss.rd_data.eq(Array(g_lane)[p])
+                with m.If(loss.rd_en):
+                    m.d.comb += count("grad_reads")
+                with m.If(loss.wr_en):
+                    m.d.comb += [g_wr.addr.eq(gbase + b * nb + (loss.wr_addr >> LOGP)),
+                                 g_wr.data.eq(loss.wr_data.as_unsigned().replicate(P)),
+                                 g_wr.en.eq(1 << loss.wr_addr[:LOGP]),
+                                 count("grad_writes")]
+                with m.If(loss.done):
+                    m.d.comb += count("loss_elements", N)
+                    m.d.sync += correct.eq(correct + loss.correct)
+                    with m.If(b + 1 < batch):
+                        m.d.sync += b.eq(b + 1)
+                        m.next = "LOSS_START"
+                    with m.Else():
+                        m.next = "BWD_LAYER"
+
+            # ---------------- backward, one layer at a time from the top
+            any_below = Signal()
+            m.d.comb += any_below.eq((update_mask & ((Const(1, L + 1) << l) - 1)[:L]) != 0)
+            product_bnk = Signal(40)
+            m.d.comb += product_bnk.eq(batch * N * K)
+            with m.State("BWD_LAYER"):
+                wg = update_mask.bit_select(l, 1)
+                ig = (l != 0) & any_below
+                keep_v = Mux(keep_q8 >= spec.KEEP_ONE, N,
+                             Mux(((N * keep_q8) >> 8) == 0, 1, (N * keep_q8) >> 8))
+                m.d.sync += [do_wgrad.eq(wg), do_igrad.eq(ig), keep.eq(keep_v)]
+                m.d.comb += count("skip_slu", Mux(wg, 0, product_bnk) +
+                                  Mux((l != 0) & ~ig, product_bnk, 0))
+                m.next = "BWD_LAYER2"
+            with m.State("BWD_LAYER2"):
+                m.d.comb += count("skip_ssprop", (batch * (N - keep) * K) *
+                                  (do_wgrad.as_unsigned() + do_igrad.as_unsigned()))
+                m.d.sync += [n.eq(0), b.eq(0), score.eq(0), s1_valid.eq(0)]
+                with m.If(~(do_wgrad | do_igrad)):
+                    m.next = "BWD_NEXT"
+                with m.Elif(dense):
+                    m.next = "IG_START"
+                with m.Elif(ss_random):
+                    m.next = "SCORE_RANDOM"
+                with m.Else():
+                    m.next = "SCORE_TOPK"
+
+            # ssProp scores: sum over the batch of |dY[b, n]|, or LFSR states
+            with m.State("SCORE_TOPK"):
+                m.d.comb += [g_rd.addr.eq(gbase + b * nb + (n >> LOGP)),
+                             count("grad_reads", n < N)]
+                m.d.sync += [s1_valid.eq(n < N), s1_last.eq(b == batch - 1),
+                             p.eq(n[:LOGP] if LOGP else 0)]
+                with m.If(n < N):
+                    with m.If(b == batch - 1):
+                        m.d.sync += [b.eq(0), n.eq(n + 1)]
+                    with m.Else():
+                        m.d.sync += b.eq(b + 1)
+                g = Array(g_lane)[p]
+                mag = Mux(g < 0, -g, g)
+                with m.If(s1_valid):
+                    with m.If(s1_last):
+                        m.d.comb += [sel.score_we.eq(1), sel.score_index.eq(n - 1),
+                                     sel.score_data.eq(score + mag)]
+                        m.d.sync += score.eq(0)
+                    with m.Else():
+                        m.d.sync += score.eq(score + mag)
+                with m.If((n == N) & s1_valid & s1_last):
+                    m.next = "SELECT"
+            with m.State("SCORE_RANDOM"):
+                # step the LFSR in one cycle, write its new state in the next
+                m.d.comb += lfsr.step.eq(n < N)
+                m.d.sync += [s1_valid.eq(n < N), n.eq(Mux(n < N, n + 1, n))]
+                with m.If(s1_valid):
+                    m.d.comb += [sel.score_we.eq(1), sel.score_index.eq(n - 1),
+                                 sel.score_data.eq(lfsr.state)]
+                with m.If((n == N) & s1_valid):
+                    m.next = "SELECT"
+            with m.State("SELECT"):
+                m.d.comb += [sel.start.eq(1), sel.channels.eq(N), sel.keep.eq(keep)]
+                m.next = "SELECT_WAIT"
+            with m.State("SELECT_WAIT"):
+                m.d.comb += [sel.channels.eq(N), sel.keep.eq(keep)]
+                with m.If(sel.done):
+                    m.d.sync += [n.eq(0), s1_valid.eq(0), packed.eq(0)]
+                    m.next = "PACK"
+            with m.State("PACK"):
+                # the kept mask as one P-bit word per block
+                m.d.comb += sel.kept_index.eq(n)
+                m.d.sync += [s1_valid.eq(n < N), n.eq(Mux(n < N, n + 1, n))]
+                idx = n - 1
+                with m.If(s1_valid):
+                    word = packed | (sel.kept << idx[:LOGP])
+                    m.d.sync += packed.eq(word)
+                    with m.If((idx[:LOGP] == P - 1) | (idx == N - 1)):
+                        m.d.comb += [k_wr.addr.eq(idx >> LOGP), k_wr.data.eq(word),
+                                     k_wr.en.eq(1)]
+                        m.d.sync += packed.eq(0)
+                with m.If((n == N) & s1_valid):
+                    m.next = "IG_START"
+
+            # kept lanes of block j: from the selector, or every existing lane when dense
+            kept_j = Signal(P)
+            m.d.comb += kept_j.eq(Mux(dense, kept_dense, k_rd.data))
+            m.d.comb += k_rd.addr.eq(j)
+
+            # ---------------- input gradient: for b, k: dX = sum over kept n of W * dY
+            with m.State("IG_START"):
+                m.d.sync += [b.eq(0), k.eq(0), dx_max.eq(0), n.eq(0)]
+                with m.If(do_igrad):
+                    m.next = "IG_A"
+                with m.Else():
+                    m.next = "WG_START"
+            with m.State("IG_A"):
+                m.d.comb += [a_rd.addr.eq(abase + b * K + k), count("act_reads")]
+                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0)]
+                m.next = "IG_CHECK"
+            with m.State("IG_CHECK"):
+                m.d.sync += relu_live.eq(a_rd.data != 0)
+                with m.If((a_rd.data != 0) | ~zs):
+                    m.next = "IG_J"
+                with m.Else():
+                    m.d.comb += count("skip_zero", keep)
+                    m.next = "IG_WRITE"
+            with m.State("IG_J"):
+                # stage 0: weight word (j, k), dY word (b, j), kept word j
+                m.d.comb += [w_rd.addr.eq(wbase + j * K + k),
+                             g_rd.addr.eq(gbase + b * nb + j)]
+                m.d.sync += [s1_valid.eq(j < nb), j.eq(Mux(j < nb, j + 1, j)),
+                             s1_lanes.eq(kept_dense)]
+                # stage 1: products of the kept lanes, summed by the tree (the kept word of
+                # the block read in stage 0 arrives now)
+                kept1 = Signal(P)
+                m.d.comb += kept1.eq(Mux(dense, s1_lanes, k_rd.data))
+                for i in range(P):
+                    m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
+                tree = sum(Mux(kept1[i], prod[i], 0) for i in range(P))
+                with m.If(s1_valid):
+                    m.d.sync += dx_acc.eq(dx_acc + tree)
+                    m.d.comb += [count("mac_input_grad", popcount(kept1)),
+                                 count("weight_reads", popcount(kept1)),
+                                 count("grad_lane_reads", popcount(kept1))]
+                with m.If((j == nb) & s1_valid | (nb == 0)):
+                    m.next = "IG_WRITE"
+            with m.State("IG_WRITE"):
+                dx = Signal(signed(spec.DX_BITS))
+                lim = (1 << (spec.DX_BITS - 1)) - 1
+                m.d.comb += dx.eq(Mux(relu_live, saturate(dx_acc, -lim - 1, lim), 0))
+                mag = Mux(dx < 0, -dx, dx).as_unsigned()
+                m.d.comb += [s_wr.addr.eq(b * K + k), s_wr.data.eq(dx), s_wr.en.eq(1),
+                             count("grad_writes")]
+                with m.If(mag > dx_max):
+                    m.d.sync += dx_max.eq(mag)
+                with m.If(k + 1 < K):
+                    m.d.sync += k.eq(k + 1)
+                    m.next = "IG_A"
+                with m.Elif(b + 1 < batch):
+                    m.d.sync += [k.eq(0), b.eq(b + 1)]
+                    m.next = "IG_A"
+                with m.Else():
+                    m.next = "REQ_START"
+
+            # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
+            with m.State("REQ_START"):
+                lz = Signal(6)
+                for bit in range(spec.DX_BITS):
+                    with m.If(dx_max[bit]):
+                        m.d.comb += lz.eq(bit + 1)
+                m.d.sync += [dx_shift.eq(Mux(lz > 15, lz - 15, 0)), b.eq(0), k.eq(0),
+                             n.eq(0), s1_valid.eq(0)]
+                m.next = "REQ_RUN"
+            with m.State("REQ_RUN"):
+                # stage 0: read scratch entry n = b*K + k; stage 1: write dY_below
+                m.d.comb += [s_rd.addr.eq(n), count("grad_reads", n < batch * K)]
+                s1_b = Signal.like(b)
+                s1_k = Signal.like(k)
+                m.d.sync += [s1_valid.eq(n < batch * K), s1_b.eq(b), s1_k.eq(k)]
+                with m.If(n < batch * K):
+                    m.d.sync += n.eq(n + 1)
+                    with m.If(k + 1 < K):
+                        m.d.sync += k.eq(k + 1)
+                    with m.Else():
+                        m.d.sync += [k.eq(0), b.eq(b + 1)]
+                v = Signal(signed(spec.DX_BITS + 1))
+                m.d.comb += v.eq(round_shift(s_rd.data, dx_shift, spec.DX_BITS))
+                dy = saturate(v, -32767, 32767)
+                nb_below = (K + P - 1) >> LOGP
+                with m.If(s1_valid):
+                    m.d.comb += [g_wr.addr.eq(gbase_below + s1_b * nb_below + (s1_k >> LOGP)),
+                                 g_wr.data.eq(dy.as_unsigned()[:16].replicate(P)),
+                                 g_wr.en.eq(1 << s1_k[:LOGP]), count("grad_writes")]
+                with m.If(~s1_valid & (n == batch * K) & (n != 0)):
+                    m.next = "WG_START"
+
+            # ---------------- weight gradient and update, per block j and input k
+            with m.State("WG_START"):
+                m.d.sync += [j.eq(0), k.eq(0), psg_max.eq(0),
+                             psg_pass_a.eq(psg_on & psg_rel)]
+                with m.If(do_wgrad):
+                    m.next = "WG_BLOCK"
+                with m.Else():
+                    m.next = "BWD_NEXT"
+            with m.State("WG_BLOCK"):
+                # kept word of block j is being read (k_rd.addr = j); skip empty blocks
+                m.next = "WG_BLOCK2"
+            with m.State("WG_BLOCK2"):
+                m.d.sync += lanes_on.eq(kept_j)
+                with m.If(kept_j == 0):
+                    m.next = "WG_NEXT_BLOCK"
+                with m.Else():
+                    m.d.sync += k.eq(0)
+                    m.next = "WG_K"
+            with m.State("WG_K"):
+                m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0), live_count.eq(0)]
+                m.d.sync += [a.eq(0) for a in acc]
+                m.d.sync += [q.eq(0) for q in pred]
+                with m.If(psg_on):
+                    m.next = "WG_LOW"
+                with m.Else():
+                    m.next = "WG_FULL"
+            # full-precision pass over the batch (SGD, or the PSG recompute of uncertain lanes)
+            for state, low in (("WG_FULL", False), ("WG_LOW", True)):
+                with m.State(state):
+                    recompute = psg_on & ~psg_pass_a if not low else None
+                    gate = Signal(P, name=f"gate_{state}")
+                    if low:
+                        m.d.comb += gate.eq(lanes_on)
+                    else:
+                        m.d.comb += gate.eq(Mux(psg_on, uncertain, lanes_on))
+                    # stage 0: A[b, k]
+                    m.d.comb += a_rd.addr.eq(abase + b * K + k)
+                    with m.If(b < batch):
+                        m.d.comb += count("act_msb_reads" if low else "act_reads")
+                    m.d.sync += [s1_valid.eq(b < batch), s1_last.eq(b == batch - 1),
+                                 b.eq(Mux(b < batch, b + 1, b))]
+                    # stage 1: dY word (b, j) unless A is zero and skipping
+                    av = a_rd.data
+                    live1 = (av != 0) | ~zs
+                    s1_b = b - 1
+                    m.d.comb += g_rd.addr.eq(gbase + s1_b * nb + j)
+                    with m.If(s1_valid):
+                        with m.If(live1):
+                            m.d.comb += count("grad_msb_lane_reads" if low else
+                                              "grad_lane_reads", popcount(gate))
+                            m.d.sync += live_count.eq(live_count + 1)
+                        if low:
+                            with m.Elif(~(psg_rel & ~psg_pass_a)):
+                                m.d.comb += count("skip_zero", popcount(gate))
+                        else:
+                            with m.Elif(~psg_on):
+                                m.d.comb += count("skip_zero", popcount(gate))
+                    m.d.sync += [s2_valid.eq(s1_valid), s2_live.eq(live1), s2_act.eq(av),
+                                 s2_last.eq(s1_last)]
+                    # stage 2: MAC
+                    for i in range(P):
+                        if low:
+                            gi = g_lane[i]
+                            mag8 = (Mux(gi < 0, -gi, gi) >> (16 - spec.PSG_GRAD_MSBS))
+                            hi = Mux(gi < 0, -mag8, mag8)
+                            m.d.comb += [mul_a[i].eq(hi),
+                                         mul_b[i].eq(s2_act >> (8 - spec.PSG_ACT_MSBS))]
+                        else:
+                            m.d.comb += [mul_a[i].eq(g_lane[i]), mul_b[i].eq(s2_act)]
+                    with m.If(s2_valid & s2_live):
+                        m.d.comb += count("mac_weight_grad_low" if low else "mac_weight_grad",
+                                          popcount(gate))
+                        for i in range(P):
+                            with m.If(gate[i]):
+                                if low:
+                                    m.d.sync += pred[i].eq(pred[i] + prod[i])
+                                else:
+                                    m.d.sync += acc[i].eq(acc[i] + prod[i])
+                    with m.If(s2_valid & s2_last):
+                        if low:
+                            m.next = "PSG_DECIDE"
+                        else:
+                            m.next = "UPD_READ"
+            with m.State("PSG_DECIDE"):
+                mags = [Mux(q < 0, -q, q).as_unsigned() for q in pred]
+                tau = Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau)
+                conf = Cat(*[lanes_on[i] & (mags[i] > tau) for i in range(P)])
+                with m.If(psg_pass_a):
+                    # relative mode, first pass: only the maximum over kept lanes, found
+                    # one lane per cycle
+                    m.d.sync += p.eq(0)
+                    m.next = "PSG_MAX"
+                with m.Else():
+                    m.d.sync += [confident.eq(conf), uncertain.eq(lanes_on & ~conf)]
+                    m.d.comb += count("skip_psg", popcount(conf) * live_count)
+                    with m.If((lanes_on & ~conf) != 0):
+                        m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0)]
+                        m.next = "WG_FULL"
+                    with m.Else():
+                        m.next = "UPD_READ"
+            with m.State("PSG_MAX"):
+                q = Array(pred)[p]
+                mag_p = Mux(q < 0, -q, q).as_unsigned()
+                with m.If(lanes_on.bit_select(p, 1) & (mag_p > psg_max)):
+                    m.d.sync += psg_max.eq(mag_p)
+                m.d.sync += p.eq(p + 1)
+                with m.If(p == P - 1):
+                    m.next = "WG_NEXT_K"
+            with m.State("UPD_READ"):
+                m.d.comb += [w_rd.addr.eq(wbase + j * K + k),
+                             count("weight_reads", popcount(lanes_on))]
+                m.d.sync += [p.eq(0), changed.eq(0)]
+                u = correction + lr_shift
+                m.d.sync += upd_shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
+                                                          spec.UPDATE_SHIFT_MAX, u)))
+                m.next = "UPD_LATCH"
+            with m.State("UPD_LATCH"):
+                m.d.sync += new_word.eq(w_rd.data)
+                m.next = "UPD_LANE"
+            with m.State("UPD_LANE"):
+                old = new_word.word_select(p, W).as_signed()
+                a_p = acc_arr[p]
+                q = Array(pred)[p]
+                step = (Const(1, unsigned(16)) << psg_step)[:16]
+                sgn_src = Mux(confident.bit_select(p, 1), q, a_p)
+                delta = Signal(signed(18))
+                m.d.comb += delta.eq(Mux(sgn_src > 0, step, 0) - Mux(sgn_src < 0, step, 0))
+                psg_new = old - delta
+                sgd_new = old - round_shift(a_p, upd_shift, spec.ACC_BITS)
+                new = Signal(signed(spec.ACC_BITS + 2))
+                m.d.comb += new.eq(Mux(psg_on, psg_new, sgd_new))
+                newsat = saturate(new, -32768, 32767)
+                with m.If(lanes_on.bit_select(p, 1) & (newsat != old)):
+                    m.d.sync += [new_word.word_select(p, W).eq(newsat[:W]),
+                                 changed.bit_select(p, 1).eq(1)]
+                m.d.sync += p.eq(p + 1)
+                with m.If(p == P - 1):
+                    m.next = "UPD_WRITE"
+            with m.State("UPD_WRITE"):
+                m.d.comb += [w_wr.addr.eq(wbase + j * K + k), w_wr.data.eq(new_word),
+                             w_wr.en.eq(changed), count("weight_writes", popcount(changed))]
+                m.next = "WG_NEXT_K"
+            with m.State("WG_NEXT_K"):
+                with m.If(k + 1 < K):
+                    m.d.sync += k.eq(k + 1)
+                    m.next = "WG_K"
+                with m.Else():
+                    m.next = "WG_NEXT_BLOCK"
+            with m.State("WG_NEXT_BLOCK"):
+                with m.If(j + 1 < nb):
+                    m.d.sync += j.eq(j + 1)
+                    m.next = "WG_BLOCK"
+                with m.Elif(psg_pass_a):
+                    m.d.sync += [psg_pass_a.eq(0), j.eq(0)]
+                    m.next = "WG_BLOCK"
+                with m.Else():
+                    m.next = "BWD_NEXT"
+
+            with m.State("BWD_NEXT"):
+                with m.If(do_igrad):
+                    m.d.sync += [correction.eq(correction + spec.WEIGHT_FRAC_BITS - dx_shift),
+                                 cur_half.eq(~cur_half)]
+                with m.If(l == 0):
+                    m.d.comb += [count("batches"), count("samples", batch)]
+                    m.next = "DONE"
+                with m.Else():
+                    m.d.sync += l.eq(l - 1)
+                    m.next = "BWD_LAYER"
+            with m.State("DONE"):
+                m.d.sync += busy.eq(0)
+                m.next = "IDLE"
+
+        # the backward pass starts at the top layer
+        return m

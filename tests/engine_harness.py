@@ -1,0 +1,120 @@
+"""Drive EngineCore's bus from an Amaranth testbench: the host side of a training step,
+shared by the engine's pysim tests."""
+
+from amaranth.sim import Simulator
+
+from ember import regmap, spec
+from ember.golden import GoldenModel
+
+
+class BusDriver:
+    """Async word reads and writes on EngineCore's bus, from an Amaranth testbench."""
+
+    def __init__(self, ctx, bus, timeout=10_000):
+        self.ctx, self.bus, self.timeout = ctx, bus, timeout
+
+    async def _access(self, addr, data=None):
+        ctx, bus = self.ctx, self.bus
+        ctx.set(bus.addr, addr)
+        if data is not None:
+            ctx.set(bus.w_data, data & 0xFFFFFFFF)
+            ctx.set(bus.w_stb, 1)
+        else:
+            ctx.set(bus.r_stb, 1)
+        for _ in range(self.timeout):
+            if ctx.get(bus.ack) or ctx.get(bus.err):
+                error = ctx.get(bus.err)
+                value = ctx.get(bus.r_data)
+                await ctx.tick()
+                ctx.set(bus.w_stb, 0)
+                ctx.set(bus.r_stb, 0)
+                if error:
+                    status = {v: k for k, v in spec.LINK_STATUS.items()}[value & 0xFF]
+                    raise RuntimeError(f"bus error {status} at {addr:#x}")
+                return value
+            await ctx.tick()
+        raise TimeoutError(f"no answer at {addr:#x}")
+
+    async def write(self, addr, value):
+        await self._access(addr, value)
+
+    async def read(self, addr):
+        return await self._access(addr)
+
+    async def write_words(self, addr, words):
+        for i, w in enumerate(words):
+            await self.write(addr + i, w)
+
+    async def read_words(self, addr, count):
+        return [await self.read(addr + i) for i in range(count)]
+
+
+class EngineSession:
+    """The host's sequence of bus operations for configure / load / train / read."""
+
+    def __init__(self, driver, build, layers, batch):
+        self.d, self.build, self.layers, self.batch = driver, build, layers, batch
+
+    async def configure(self, weights):
+        for addr, v in regmap.descriptor_writes(self.layers, self.build, self.batch):
+            await self.d.write(addr, v)
+        for addr, v in sorted(regmap.pack_weights(weights, self.layers, self.build).items()):
+            await self.d.write(addr, v)
+
+    async def run(self, control, max_cycles=2_000_000):
+        await self.d.write(regmap.reg("control"), control)
+        for _ in range(max_cycles):
+            if not (await self.d.read(regmap.reg("status"))) & 1:
+                return
+            await self.d.ctx.tick().repeat(20)
+        raise TimeoutError("engine still busy")
+
+    async def train(self, x, y, settings):
+        for addr, v in regmap.settings_writes(settings, len(self.layers) - 1):
+            await self.d.write(addr, v)
+        for base, words in regmap.batch_writes(x, y):
+            await self.d.write_words(base, words)
+        await self.run(spec.CONTROL_TRAIN)
+        return await self.d.read(regmap.reg("correct"))
+
+    async def infer(self, x):
+        for base, words in regmap.batch_writes(x):
+            await self.d.write_words(base, words)
+        await self.run(spec.CONTROL_INFER)
+        words = await self.d.read_words(regmap.region("predictions"), (len(x) + 1) // 2)
+        return regmap.unpack_halves(words, len(x))
+
+    async def weights(self):
+        async def read(addr, count):
+            return await self.d.read_words(addr, count)
+        out = []
+        # unpack_weights wants a synchronous reader: fetch each layer's words first
+        cache = {}
+        for d in regmap.layout(self.layers, self.build):
+            n = self.build.blocks(d["outputs"]) * d["inputs"] * self.build.lanes // 2
+            base = regmap.region("weights") + d["weight_base"] * self.build.lanes // 2
+            cache[base] = await read(base, n)
+        return regmap.unpack_weights(lambda a, c: cache[a][:c], self.layers, self.build)
+
+    async def counters(self):
+        words = await self.d.read_words(regmap.region("counters"), 2 * len(spec.COUNTERS))
+        return regmap.counters_from_words(words)
+
+
+def run_testbench(dut, body, vcd=None):
+    """Run `body(ctx)` against `dut` in the Amaranth simulator."""
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(body)
+    if vcd:
+        with sim.write_vcd(vcd):
+            sim.run()
+    else:
+        sim.run()
+
+
+def golden_for(build, layers, weights):
+    g = GoldenModel(build)
+    g.configure(layers)
+    g.load_weights(weights)
+    return g

@@ -1,0 +1,104 @@
+"""EngineCore in the Amaranth simulator against the golden model: weights and counters after
+training steps, bit for bit and count for count."""
+
+import numpy as np
+import pytest
+
+from conftest import random_batch
+from engine_harness import BusDriver, EngineSession, golden_for, run_testbench
+from ember import golden, spec
+from ember.spec import Build, StepSettings
+from ember_hw.engine import EngineCore
+
+SMALL = Build(name="small", lanes=4, weight_words=256, act_bytes=512, grad_words=64,
+              scratch_entries=128, max_batch=8, max_layers=3, max_width=32)
+
+
+def check_against_golden(layers, batch, steps, seed=0, build=SMALL, infer=False,
+                         weights=None, batches=None):
+    rng = np.random.default_rng(seed)
+    if weights is None:
+        weights = golden.init_weights(layers, seed)
+    g = golden_for(build, layers, weights)
+    dut = EngineCore(build)
+    if batches is None:
+        batches = [(*random_batch(rng, layers, batch, zero_fraction=0.4), s) for s in steps]
+    result = {}
+
+    async def body(ctx):
+        s = EngineSession(BusDriver(ctx, dut.bus), build, layers, batch)
+        await s.configure(weights)
+        result["correct"] = []
+        for x, y, settings in batches:
+            result["correct"].append(await s.train(x, y, settings))
+        if infer:
+            result["pred"] = await s.infer(batches[0][0])
+        result["weights"] = await s.weights()
+        result["counters"] = await s.counters()
+
+    run_testbench(dut, body)
+    correct = [g.train_batch(x, y, st) for x, y, st in batches]
+    pred = g.infer(batches[0][0]) if infer else None
+    for l, (a, b) in enumerate(zip(result["weights"], g.weights)):
+        assert np.array_equal(a, b), f"layer {l} weights differ:\n{a}\n{b}"
+    for name in spec.EXACT_COUNTERS:
+        if name.startswith("link"):
+            continue
+        assert result["counters"][name] == g.counters[name], \
+            f"{name}: engine {result['counters'][name]} model {g.counters[name]}"
+    assert result["correct"] == correct
+    if infer:
+        assert list(result["pred"]) == list(pred)
+    return result
+
+
+def test_sgd_step_two_layers():
+    check_against_golden([6, 5, 3], 3, [StepSettings(lr_shift=9)])
+
+
+CASES = {
+    "zero_skip": ([7, 6, 3], 4, [StepSettings(lr_shift=9, zero_skip=True)] * 2),
+    "slu_bottom_frozen": ([5, 9, 6, 3], 2, [StepSettings(update_mask=(False, True, True))]),
+    "slu_middle_frozen": ([5, 9, 6, 3], 2, [StepSettings(update_mask=(True, False, True))]),
+    "slu_top_only": ([5, 9, 6, 3], 2, [StepSettings(update_mask=(False, False, True))]),
+    "slu_nothing": ([5, 4, 3], 2, [StepSettings(update_mask=(False, False))]),
+    "ssprop_topk": ([6, 10, 7], 3, [StepSettings(keep_q8=100)] * 2),
+    "ssprop_random": ([6, 10, 7], 3, [StepSettings(keep_q8=60, ssprop_random=True,
+                                                   lfsr_seed=0xACE1)] * 2),
+    "psg_abs": ([7, 6, 5], 4, [StepSettings(psg=True, psg_tau=3, psg_step_shift=5)] * 2),
+    "psg_rel": ([7, 6, 5], 4, [StepSettings(psg=True, psg_relative=True, psg_tau=2)] * 2),
+    "all": ([9, 7, 6, 4], 3, [StepSettings(psg=True, zero_skip=True, keep_q8=128,
+                                           update_mask=(False, True, True))] * 2),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_engine_matches_golden(case):
+    layers, batch, steps = CASES[case]
+    check_against_golden(layers, batch, steps, seed=len(case))
+
+
+def test_inference_and_random_shapes():
+    rng = np.random.default_rng(11)
+    for i in range(3):
+        layers = [int(v) for v in rng.integers(2, 13, size=int(rng.integers(3, 5)))]
+        layers[-1] = max(2, layers[-1])
+        batch = int(rng.integers(1, 6))
+        steps = [StepSettings(lr_shift=int(rng.integers(8, 12)),
+                              zero_skip=bool(rng.integers(2)),
+                              psg=bool(rng.integers(2)),
+                              keep_q8=int(rng.choice([256, 90, 200])),
+                              update_mask=tuple(bool(v) for v in rng.integers(0, 2, len(layers) - 1)))
+                 for _ in range(2)]
+        check_against_golden(layers, batch, steps, seed=i, infer=True)
+
+
+@pytest.mark.parametrize("tau", [0, 32, 96])
+def test_psg_threshold_edges(tau):
+    # the hand-made case of test_golden.psg_case: predictions of exactly 0, 32 and 96
+    x = np.array([[15, 255, 0], [16, 0, 0]])
+    y = np.array([0, 1])
+    weights = [np.zeros((4, 3), dtype=np.int16)]
+    settings = StepSettings(psg=True, psg_tau=tau, psg_step_shift=3)
+    r = check_against_golden([3, 4], 2, None, weights=weights, batches=[(x, y, settings)])
+    assert r["counters"]["skip_psg"] == {0: 16, 32: 10, 96: 8}[tau]
