@@ -47,6 +47,9 @@ def check_against_golden(layers, batch, steps, seed=0, build=SMALL, infer=False,
         assert result["counters"][name] == g.counters[name], \
             f"{name}: engine {result['counters'][name]} model {g.counters[name]}"
     assert result["correct"] == correct
+    c = result["counters"]
+    assert c["cycles"] == sum(c[name] for name in spec.CYCLE_COUNTERS if name != "cycles")
+    assert c["cycles"] > 0
     if infer:
         assert list(result["pred"]) == list(pred)
     return result

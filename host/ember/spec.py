@@ -97,6 +97,7 @@ COUNTERS = (
     "cycles",
     "cycles_forward",
     "cycles_loss",
+    "cycles_select",
     "cycles_input_grad",
     "cycles_weight_grad",
     "cycles_update",

@@ -416,7 +416,7 @@ class EngineCore(wiring.Component):
             m.d.comb += w_rd.addr.eq(bus_w_addr)
 
         # --------------------------------------------------------------------- the FSM
-        with m.FSM(name="seq"):
+        with m.FSM(name="seq") as fsm:
             with m.State("IDLE"):
                 with m.If(start_train | start_infer):
                     m.d.sync += [busy.eq(1), infer_mode.eq(start_infer), b.eq(0), l.eq(0),
@@ -524,7 +524,8 @@ class EngineCore(wiring.Component):
                     m.next = "INF_ROW"
                 with m.Else():
                     m.d.comb += count("infer_samples", batch)
-                    m.next = "DONE"
+                    m.d.sync += busy.eq(0)
+                    m.next = "IDLE"
 
             # ---------------- loss: the softmax-gradient unit, one sample at a time
             with m.State("LOSS_START"):
@@ -897,13 +898,27 @@ class EngineCore(wiring.Component):
                                  cur_half.eq(~cur_half)]
                 with m.If(l == 0):
                     m.d.comb += [count("batches"), count("samples", batch)]
-                    m.next = "DONE"
+                    m.d.sync += busy.eq(0)
+                    m.next = "IDLE"
                 with m.Else():
                     m.d.sync += l.eq(l - 1)
                     m.next = "BWD_LAYER"
-            with m.State("DONE"):
-                m.d.sync += busy.eq(0)
-                m.next = "IDLE"
 
-        # the backward pass starts at the top layer
+        # cycle counters: every busy cycle, and each phase by the states it runs in
+        phases = {
+            "cycles_forward": ("FWD_ROW", "FWD_RUN", "FWD_WB", "AFTER_FWD",
+                               "INF_ROW", "INF_RUN", "INF_WRITE"),
+            "cycles_loss": ("LOSS_START", "LOSS_GO", "LOSS_GO2", "LOSS_RUN"),
+            "cycles_select": ("BWD_LAYER", "BWD_LAYER2", "SCORE_TOPK", "SCORE_RANDOM",
+                              "SELECT", "SELECT_WAIT", "PACK", "BWD_NEXT"),
+            "cycles_input_grad": ("IG_START", "IG_A", "IG_CHECK", "IG_J", "IG_WRITE",
+                                  "REQ_START", "REQ_RUN"),
+            "cycles_weight_grad": ("WG_START", "WG_BLOCK", "WG_BLOCK2", "WG_K", "WG_FULL",
+                                   "WG_LOW", "PSG_DECIDE", "PSG_MAX", "WG_NEXT_K",
+                                   "WG_NEXT_BLOCK"),
+            "cycles_update": ("UPD_READ", "UPD_LATCH", "UPD_LANE", "UPD_WRITE"),
+        }
+        m.d.comb += count("cycles", busy)
+        for name, states in phases.items():
+            m.d.comb += count(name, sum(fsm.ongoing(st) for st in states) != 0)
         return m
