@@ -11,11 +11,11 @@ the device unchanged.
 
 import numpy as np
 
-from . import __version__, spec
+from . import __version__, golden, regmap, spec
 from .golden import GoldenModel
 from .spec import ConfigError, StepSettings
 
-BACKENDS = ("model",)
+BACKENDS = ("model", "sim", "board")
 
 
 class Device:
@@ -83,42 +83,241 @@ def build_info(build):
     }
 
 
-class ModelDevice(Device):
-    """The golden model as a device (bit-exact; cycle counters stay zero)."""
+def ModelDevice(build=spec.DEFAULT_BUILD):
+    """The golden model as a device: the virtual engine (ember.virtual) behind the same link
+    protocol, register map and host code as the sim and board backends. Bit-exact; cycle
+    counters stay zero."""
+    from .protocol import Link
+    from .virtual import VirtualEngine, VirtualPort
+    return EngineDevice(Link(VirtualPort(VirtualEngine(build)), timeout=1.0), "model")
 
-    backend = "model"
 
-    def __init__(self, build=spec.DEFAULT_BUILD):
-        self.model = GoldenModel(build)
+class EngineDevice(Device):
+    """An engine reached through its bus: the sim and board backends (and the model backend,
+    through the virtual engine). `transport` has read_words(addr, count) and
+    write_words(addr, words) (ember.protocol.Link over a serial port or a socket).
+
+    Every argument is validated against the build (read from the device's registers) before
+    anything is written, so a rejected call leaves the device as it was.
+    """
+
+    def __init__(self, transport, backend, closer=None):
+        self.link = transport
+        self.backend = backend
+        self._closer = closer
+        regs = {name: transport.read_words(regmap.reg(name), 1)[0]
+                for name, (_, mode) in spec.REGISTERS.items() if mode == "ro"
+                and name not in ("status", "correct")}
+        if regs["id"] != spec.ENGINE_ID:
+            raise ConfigError(f"the device answered id {regs['id']:#010x}; an Ember engine "
+                              f"answers {spec.ENGINE_ID:#010x}")
+        if regs["version"] != spec.ENGINE_VERSION:
+            raise ConfigError(f"engine version {regs['version']}; this host speaks version "
+                              f"{spec.ENGINE_VERSION}")
+        known = {b.lanes: b for b in spec.BUILDS.values()}
+        name = next((b.name for b in spec.BUILDS.values()
+                     if (b.lanes, b.weight_words, b.act_bytes, b.grad_words,
+                         b.scratch_entries, b.max_batch, b.max_width) ==
+                     (regs["lanes"], regs["weight_words"], regs["act_bytes"],
+                      regs["grad_words"], regs["scratch_entries"], regs["max_batch"],
+                      regs["max_width"])), f"custom-{regs['lanes']}")
+        base = spec.BUILDS.get(name, known.get(regs["lanes"], spec.DEFAULT_BUILD))
+        self.build = spec.Build(name=name, lanes=regs["lanes"],
+                                weight_words=regs["weight_words"], act_bytes=regs["act_bytes"],
+                                grad_words=regs["grad_words"],
+                                scratch_entries=regs["scratch_entries"],
+                                max_batch=regs["max_batch"], max_layers=regs["max_layers"],
+                                max_width=regs["max_width"], clock_hz=base.clock_hz)
+        self.layers = None
+        self._batch = None
 
     def identify(self):
-        return build_info(self.model.build)
+        return build_info(self.build)
 
     def configure(self, layers, shifts=None):
-        self.model.configure(layers, shifts)
+        layers = spec.check_network(layers, self.build)
+        if shifts is not None and (len(shifts) != len(layers) - 1 or
+                                   any(not 0 <= s <= 31 for s in shifts)):
+            raise ConfigError(f"forward shifts {shifts} must be {len(layers) - 1} values in 0..31")
+        self.layers, self.shifts, self._batch = layers, shifts, None
+        self._write_descriptors(1)
+        zeros = [np.zeros((n, k), dtype=np.int16) for k, n in zip(layers, layers[1:])]
+        self._write_weights(zeros)
+
+    def _need_config(self):
+        if self.layers is None:
+            raise ConfigError("the device has no network configured; call configure() first")
+
+    def _write_descriptors(self, batch):
+        if batch == self._batch:
+            return
+        spec.check_network(self.layers, self.build, batch)
+        writes = regmap.descriptor_writes(self.layers, self.build, batch, self.shifts)
+        self._write_runs(writes)
+        self._batch = batch
+
+    def _write_runs(self, writes):
+        """(address, value) writes, sent as bursts of consecutive addresses."""
+        writes = sorted(writes)
+        start, run = None, []
+        for addr, value in writes + [(None, None)]:
+            if run and addr == start + len(run):
+                run.append(value)
+                continue
+            if run:
+                self.link.write_words(start, run)
+            start, run = addr, [value]
+
+    def _write_weights(self, weights):
+        self._write_runs(list(regmap.pack_weights(weights, self.layers, self.build).items()))
 
     def load_weights(self, weights):
-        self.model.load_weights(weights)
+        self._need_config()
+        self._write_weights(golden.check_weights(self.layers, weights))
 
     def read_weights(self):
-        return self.model.read_weights()
+        self._need_config()
+        return regmap.unpack_weights(self.link.read_words, self.layers, self.build)
+
+    def _run(self, control):
+        self.link.write_words(regmap.reg("control"), [control])
+        while self.link.read_words(regmap.reg("status"), 1)[0] & 1:
+            pass
 
     def train_batch(self, x, y, settings=StepSettings()):
-        return self.model.train_batch(x, y, settings)
+        self._need_config()
+        x, y = golden.check_batch(self.layers, self.build, x, y)
+        settings.check(len(self.layers) - 1)
+        self._write_descriptors(len(x))
+        self._write_runs(regmap.settings_writes(settings, len(self.layers) - 1))
+        for base, words in regmap.batch_writes(x, y):
+            self.link.write_words(base, words)
+        self._run(spec.CONTROL_TRAIN)
+        return self.link.read_words(regmap.reg("correct"), 1)[0]
 
     def infer(self, x):
-        return self.model.infer(x)
+        self._need_config()
+        x, _ = golden.check_batch(self.layers, self.build, x)
+        self._write_descriptors(len(x))
+        for base, words in regmap.batch_writes(x):
+            self.link.write_words(base, words)
+        self._run(spec.CONTROL_INFER)
+        words = self.link.read_words(regmap.region("predictions"), (len(x) + 1) // 2)
+        return regmap.unpack_halves(words, len(x))
 
     def read_counters(self):
-        return dict(self.model.counters)
+        words = self.link.read_words(regmap.region("counters"), 2 * len(spec.COUNTERS))
+        return regmap.counters_from_words(words)
 
     def clear_counters(self):
-        self.model.clear_counters()
+        self.link.write_words(regmap.reg("control"), [spec.CONTROL_CLEAR_COUNTERS])
+
+    def close(self):
+        if self._closer:
+            closer, self._closer = self._closer, None
+            closer()
 
 
-def open_device(backend="model", build=None, **options):
-    """A Device for a backend name."""
+def _open_link(url, baud=spec.DEFAULT_BAUD, timeout=None, retries=5):
+    import serial
+    from .protocol import Link
+    try:
+        port = serial.serial_for_url(url, baudrate=baud, timeout=0.05)
+    except (serial.SerialException, ValueError) as e:
+        raise ConfigError(f"cannot open port {url!r}: {e}") from None
+    return port, Link(port, retries=retries, timeout=timeout)
+
+
+def open_board(port, baud=spec.DEFAULT_BAUD, retries=5, timeout=None):
+    """A real board (or anything speaking the link) on a serial port name or pyserial URL."""
+    ser, link = _open_link(port, baud, timeout, retries)
+    try:
+        return EngineDevice(link, "board", closer=ser.close)
+    except Exception:
+        ser.close()
+        raise
+
+
+def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=None,
+             start_timeout=900.0):
+    """Start the simulated board (ember_sim.board) in its own process and connect to it over
+    a loopback socket. Closing the device closes the socket; the simulator then ends, and is
+    killed if it does not."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    if simulator not in ("verilator", "icarus"):
+        raise ConfigError(f"simulator '{simulator}' is not 'verilator' or 'icarus'")
+    tmp = tempfile.mkdtemp(prefix="ember-sim-")
+    port_file = os.path.join(tmp, "port")
+    log_path = log or os.path.join(tmp, "board.log")
+    cmd = [sys.executable, "-m", "ember_sim.board", "--simulator", simulator,
+           "--build", build.name, "--port-file", port_file]
+    if uart:
+        cmd.append("--uart")
+    log_file = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop():
+        try:
+            if proc.poll() is None:
+                proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log_file.close()
+
+    def fail(why):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log_file.close()
+        with open(log_path) as f:
+            tail = "".join(f.readlines()[-25:])
+        raise ConfigError(f"the simulated board ({simulator}) {why}; log {log_path}:\n{tail}")
+
+    deadline = time.monotonic() + start_timeout
+    while not os.path.exists(port_file):
+        if proc.poll() is not None:
+            fail(f"exited with code {proc.returncode} before it listened")
+        if time.monotonic() > deadline:
+            fail(f"did not listen within {start_timeout:.0f} s")
+        time.sleep(0.05)
+    with open(port_file) as f:
+        port = int(f.read())
+    ser, link = _open_link(f"socket://127.0.0.1:{port}", timeout=30.0)
+
+    def close():
+        ser.close()
+        stop()
+    try:
+        dev = EngineDevice(link, "sim", closer=close)
+    except Exception:
+        close()
+        raise
+    dev.simulator, dev.log_path = simulator, log_path
+    return dev
+
+
+def open_device(backend="model", build=None, port=None, simulator="verilator", **options):
+    """A Device for a backend name: 'model' (golden model), 'sim' (simulated board) or
+    'board' (a real board on `port`)."""
     build = spec.BUILDS[build] if isinstance(build, str) else (build or spec.DEFAULT_BUILD)
     if backend == "model":
         return ModelDevice(build)
+    if backend == "sim":
+        return open_sim(build, simulator, **options)
+    if backend == "board":
+        if not port:
+            raise ConfigError("the board backend needs a port: --port /dev/ttyUSB1 (or any "
+                              "pyserial URL)")
+        return open_board(port, **options)
     raise ConfigError(f"backend '{backend}' is not one of {', '.join(BACKENDS)}")

@@ -174,6 +174,49 @@ def init_weights(layers, seed):
     return out
 
 
+def check_batch(layers, build, x, y=None):
+    """Validate a batch (inputs, optional labels) for a network on a build; returns int64
+    arrays. Raises ConfigError naming the value and the limit."""
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] != layers[0]:
+        raise ConfigError(f"batch has shape {x.shape}; expected (B, {layers[0]})")
+    if not 1 <= len(x) <= build.max_batch:
+        raise ConfigError(f"batch of {len(x)} samples is outside 1..{build.max_batch}")
+    if not np.issubdtype(x.dtype, np.integer) or x.min() < 0 or x.max() > spec.ACT_MAX:
+        raise ConfigError(f"inputs must be integers in 0..{spec.ACT_MAX} (UQ2.6); got "
+                          f"{x.dtype} in {x.min()}..{x.max()}")
+    x = x.astype(_I64)
+    if y is not None:
+        y = np.asarray(y)
+        if y.shape != (len(x),):
+            raise ConfigError(f"labels have shape {y.shape}; expected ({len(x)},)")
+        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= layers[-1]:
+            raise ConfigError(f"labels span {y.min()}..{y.max()}; the output layer has "
+                              f"{layers[-1]} classes")
+        y = y.astype(_I64)
+    return x, y
+
+
+def check_weights(layers, weights):
+    """Validate weight matrices for a network; returns them as int16 arrays."""
+    shapes = [(n, k) for k, n in zip(layers[:-1], layers[1:])]
+    if len(weights) != len(shapes):
+        raise ConfigError(f"got {len(weights)} weight matrices; the network has "
+                          f"{len(shapes)} layers")
+    out = []
+    for i, (w, shape) in enumerate(zip(weights, shapes)):
+        w = np.asarray(w)
+        if w.shape != shape:
+            raise ConfigError(f"layer {i} weights have shape {w.shape}; expected {shape}")
+        if not np.issubdtype(w.dtype, np.integer):
+            raise ConfigError(f"layer {i} weights are {w.dtype}; expected integers (Q1.14)")
+        if w.size and (w.min() < -32768 or w.max() > 32767):
+            raise ConfigError(f"layer {i} weights span {w.min()}..{w.max()}; int16 holds "
+                              "-32768..32767")
+        out.append(w.astype(np.int16))
+    return out
+
+
 # --- The model -----------------------------------------------------------------------------------
 
 class GoldenModel:
@@ -206,21 +249,7 @@ class GoldenModel:
     def load_weights(self, weights):
         """Replace all weights; shapes and ranges are checked before anything changes."""
         self._need_config()
-        if len(weights) != len(self.weights):
-            raise ConfigError(f"got {len(weights)} weight matrices; the network has "
-                              f"{len(self.weights)} layers")
-        new = []
-        for i, (w, old) in enumerate(zip(weights, self.weights)):
-            w = np.asarray(w)
-            if w.shape != old.shape:
-                raise ConfigError(f"layer {i} weights have shape {w.shape}; expected {old.shape}")
-            if not np.issubdtype(w.dtype, np.integer):
-                raise ConfigError(f"layer {i} weights are {w.dtype}; expected integers (Q1.14)")
-            if w.size and (w.min() < -32768 or w.max() > 32767):
-                raise ConfigError(f"layer {i} weights span {w.min()}..{w.max()}; int16 holds "
-                                  "-32768..32767")
-            new.append(w.astype(np.int16))
-        self.weights = new
+        self.weights = check_weights(self.layers, weights)
 
     def read_weights(self):
         self._need_config()
@@ -236,24 +265,7 @@ class GoldenModel:
     def check_batch(self, x, y=None):
         """Validate a batch against the network and the build; returns int64 arrays."""
         self._need_config()
-        x = np.asarray(x)
-        if x.ndim != 2 or x.shape[1] != self.layers[0]:
-            raise ConfigError(f"batch has shape {x.shape}; expected (B, {self.layers[0]})")
-        if not 1 <= len(x) <= self.build.max_batch:
-            raise ConfigError(f"batch of {len(x)} samples is outside 1..{self.build.max_batch}")
-        if not np.issubdtype(x.dtype, np.integer) or x.min() < 0 or x.max() > spec.ACT_MAX:
-            raise ConfigError(f"inputs must be integers in 0..{spec.ACT_MAX} (UQ2.6); got "
-                              f"{x.dtype} in {x.min()}..{x.max()}")
-        x = x.astype(_I64)
-        if y is not None:
-            y = np.asarray(y)
-            if y.shape != (len(x),):
-                raise ConfigError(f"labels have shape {y.shape}; expected ({len(x)},)")
-            if y.min() < 0 or y.max() >= self.layers[-1]:
-                raise ConfigError(f"labels span {y.min()}..{y.max()}; the output layer has "
-                                  f"{self.layers[-1]} classes")
-            y = y.astype(_I64)
-        return x, y
+        return check_batch(self.layers, self.build, x, y)
 
     # the passes
     def _forward(self, x, zero_skip):

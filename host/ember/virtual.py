@@ -1,0 +1,233 @@
+"""The virtual engine: EngineCore's bus map and LinkBridge's frame handling in Python, computing
+with the golden model. It is the `model` backend's device: the host drives it with the same
+bytes, addresses and commands as the gateware, so the model, sim and board backends share one
+code path and count the same events (link bytes included).
+"""
+
+import numpy as np
+
+from . import protocol, spec
+from .golden import GoldenModel
+from .spec import StepSettings
+
+_STATUS = spec.LINK_STATUS
+
+
+class BusError(Exception):
+    def __init__(self, status):
+        super().__init__(status)
+        self.status = status
+
+
+class VirtualEngine:
+    """Bus-level model of EngineCore for one build (see hw/ember_hw/engine.py)."""
+
+    def __init__(self, build=spec.DEFAULT_BUILD):
+        self.build = build
+        P = build.lanes
+        self.model = GoldenModel(build)
+        self.weights = np.zeros((build.weight_words, P), dtype=np.int64)
+        self.labels = np.zeros(build.max_batch, dtype=np.int64)
+        self.predictions = np.zeros(build.max_batch, dtype=np.int64)
+        self.acts = np.zeros(build.act_bytes, dtype=np.int64)
+        self.regs = {name: 0 for name, (_, mode) in spec.REGISTERS.items() if mode == "rw"}
+        self.regs.update(keep_q8=spec.KEEP_ONE, lfsr_seed=1)
+        self.layer = [dict.fromkeys(spec.LAYER_FIELDS, 0) for _ in range(build.max_layers)]
+        self.correct = 0
+        self.link_rx = self.link_tx = 0
+        self.link_state = protocol.LinkState()
+        self.ro = {"id": spec.ENGINE_ID, "version": spec.ENGINE_VERSION, "lanes": P,
+                   "weight_words": build.weight_words, "act_bytes": build.act_bytes,
+                   "grad_words": build.grad_words, "scratch_entries": build.scratch_entries,
+                   "max_batch": build.max_batch, "max_layers": build.max_layers,
+                   "max_width": build.max_width, "counters": len(spec.COUNTERS)}
+        self._by_offset = {off: (name, mode) for name, (off, mode) in spec.REGISTERS.items()}
+
+    # ---- bus
+    def read(self, addr):
+        region, off = addr >> spec.REGION_BITS, addr & ((1 << spec.REGION_BITS) - 1)
+        P = self.build.lanes
+        if region == 0 and off < 0x1000:
+            if off in self._by_offset:
+                name, mode = self._by_offset[off]
+                if mode == "ro":
+                    return {"status": 0, "correct": self.correct}.get(name, self.ro.get(name))
+                return 0 if mode == "wo" else self.regs[name]
+            layer, field = self._layer_field(off)
+            return self.layer[layer][field]
+        if region == 0 and off < 0x2000:
+            idx = (off - 0x1000) >> 1
+            if idx >= len(spec.COUNTERS):
+                raise BusError("out_of_range")
+            value = self.counters()[spec.COUNTERS[idx]]
+            return (value >> 32) if off & 1 else value & 0xFFFFFFFF
+        if region == 1:
+            word, pair = divmod(off * 2, P)
+            if word >= self.build.weight_words:
+                raise BusError("out_of_range")
+            lo, hi = self.weights[word, pair], self.weights[word, pair + 1]
+            return int(lo & 0xFFFF) | (int(hi & 0xFFFF) << 16)
+        if region == 2:
+            raise BusError("out_of_range" if off >= (self.build.act_bytes + 3) // 4
+                           else "bad_value")
+        if region in (3, 4):
+            if off >= (self.build.max_batch + 1) // 2:
+                raise BusError("out_of_range")
+            mem = self.labels if region == 3 else self.predictions
+            return int(mem[2 * off] & 0xFFFF) | (int(mem[2 * off + 1] & 0xFFFF) << 16)
+        raise BusError("out_of_range")
+
+    def write(self, addr, value):
+        region, off = addr >> spec.REGION_BITS, addr & ((1 << spec.REGION_BITS) - 1)
+        P = self.build.lanes
+        if region == 0 and off < 0x1000:
+            if off in self._by_offset:
+                name, mode = self._by_offset[off]
+                if mode == "ro":
+                    return                      # the gateware acknowledges and ignores
+                if mode == "wo":
+                    return self._control(value)
+                self.regs[name] = value
+                return
+            layer, field = self._layer_field(off)
+            self.layer[layer][field] = value
+            return
+        if region == 0 and off < 0x2000:
+            raise BusError("out_of_range")
+        if region == 1:
+            word, pair = divmod(off * 2, P)
+            if word >= self.build.weight_words:
+                raise BusError("out_of_range")
+            self.weights[word, pair] = _s16(value & 0xFFFF)
+            self.weights[word, pair + 1] = _s16(value >> 16)
+            return
+        if region == 2:
+            if off >= (self.build.act_bytes + 3) // 4:
+                raise BusError("out_of_range")
+            limit = self.regs["batch"] * self.layer[0]["inputs"]
+            for i in range(4):
+                if 4 * off + i < limit:
+                    self.acts[4 * off + i] = (value >> (8 * i)) & 0xFF
+            return
+        if region == 3:
+            if off >= (self.build.max_batch + 1) // 2:
+                raise BusError("out_of_range")
+            self.labels[2 * off], self.labels[2 * off + 1] = value & 0xFFFF, value >> 16
+            return
+        if region == 4:
+            raise BusError("out_of_range" if off >= (self.build.max_batch + 1) // 2
+                           else "bad_value")
+        raise BusError("out_of_range")
+
+    def _layer_field(self, off):
+        rel = off - spec.LAYER_BASE
+        layer, field = divmod(rel, spec.LAYER_STRIDE)
+        if rel < 0 or layer >= self.build.max_layers or field >= len(spec.LAYER_FIELDS):
+            raise BusError("out_of_range")
+        return layer, spec.LAYER_FIELDS[field]
+
+    def counters(self):
+        c = dict(self.model.counters)
+        c["link_rx_bytes"] += self.link_rx
+        c["link_tx_bytes"] += self.link_tx
+        return c
+
+    # ---- commands
+    def _network(self):
+        n = self.regs["layers"]
+        desc = self.layer[:n]
+        layers = [desc[0]["inputs"]] + [d["outputs"] for d in desc]
+        return layers, desc
+
+    def _control(self, value):
+        if value & spec.CONTROL_CLEAR_COUNTERS:
+            self.model.clear_counters()
+            self.link_rx = self.link_tx = 0
+        if value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER):
+            layers, desc = self._network()
+            P = self.build.lanes
+            self.model.configure(layers, [d["shift"] for d in desc])
+            mats = []
+            for d in desc:
+                n, k = d["outputs"], d["inputs"]
+                blocks = self.build.blocks(n)
+                mem = self.weights[d["weight_base"]:d["weight_base"] + blocks * k]
+                mats.append(mem.reshape(blocks, k, P).transpose(0, 2, 1)
+                            .reshape(blocks * P, k)[:n].astype(np.int16))
+            self.model.weights = mats
+            batch = self.regs["batch"]
+            x = self.acts[:batch * layers[0]].reshape(batch, layers[0])
+            if value & spec.CONTROL_TRAIN:
+                self.correct = self.model.train_batch(x, self.labels[:batch], self._settings())
+                for d, w in zip(desc, self.model.weights):
+                    n, k = w.shape
+                    blocks = self.build.blocks(n)
+                    lanes = np.zeros((blocks * P, k), dtype=np.int64)
+                    lanes[:n] = w
+                    self.weights[d["weight_base"]:d["weight_base"] + blocks * k] = \
+                        lanes.reshape(blocks, P, k).transpose(0, 2, 1).reshape(-1, P)
+            else:
+                self.predictions[:batch] = self.model.infer(x)
+
+    def _settings(self):
+        r = self.regs
+        n = r["layers"]
+        flags = {name: bool(r["flags"] >> i & 1) for i, name in enumerate(spec.FLAG_BITS)}
+        return StepSettings(update_mask=tuple(bool(r["update_mask"] >> i & 1) for i in range(n)),
+                            lr_shift=r["lr_shift"], psg_tau=r["psg_tau"],
+                            psg_step_shift=r["psg_step_shift"], keep_q8=r["keep_q8"],
+                            lfsr_seed=r["lfsr_seed"], **flags)
+
+    # ---- link frames (LinkBridge semantics, docs/protocol.md)
+    def handle_frame(self, payload):
+        """One request payload (unframed, CRC included) -> the response payload."""
+        return protocol.execute_request(payload, self, self.link_state)
+
+
+def _s16(v):
+    v &= 0xFFFF
+    return v - 0x10000 if v & 0x8000 else v
+
+
+class VirtualPort:
+    """A pyserial-like port whose other end is a VirtualEngine: bytes written are framed,
+    executed and answered at once; the answer waits to be read. Link bytes are counted the
+    way LinkBridge counts them (every wire byte, at the moment it crosses)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._decoder = protocol.SlipDecoder()
+        self._out = bytearray()
+        self.timeout = 0
+        self.baudrate = spec.DEFAULT_BAUD
+
+    def write(self, data):
+        data = bytes(data)
+        start = 0
+        # bytes up to and including each END are counted before that frame executes
+        while start < len(data):
+            end = data.find(bytes([protocol.END]), start)
+            stop = len(data) if end < 0 else end + 1
+            chunk = data[start:stop]
+            self.engine.link_rx += len(chunk)
+            for payload in self._decoder.feed(chunk):
+                response = protocol.slip_encode(self.engine.handle_frame(payload))
+                self.engine.link_tx += len(response)
+                self._out += response
+            start = stop
+        return len(data)
+
+    @property
+    def in_waiting(self):
+        return len(self._out)
+
+    def read(self, n=1):
+        out = bytes(self._out[:n])
+        del self._out[:n]
+        return out
+
+    def reset_input_buffer(self):
+        self._out.clear()
+
+    def close(self):
+        pass

@@ -1,0 +1,118 @@
+"""cocotb side of the simulated board: serves the engine's link on a loopback TCP socket.
+
+The host opens `socket://127.0.0.1:PORT` with pyserial (exactly as it opens a board's serial
+port) and talks the link protocol; this bench moves the bytes between the socket and the
+SimBoard FIFOs and otherwise lets the simulation run in large steps. It ends when the host
+closes the connection.
+
+Case (ember_sim.rtl.load_case): {"port_file": path, "port": 0 or a fixed port,
+"accept_timeout_s": seconds to wait for the host, "quiet_cycles": idle cycles after which the
+link is surely idle and the bench blocks on the socket instead of simulating}.
+"""
+
+import os
+import select
+import socket
+
+import cocotb
+from cocotb.triggers import FallingEdge, First, Timer
+
+from ember_sim import clock, rtl
+
+MIN_STEP, MAX_STEP = 64, 4096
+
+
+@cocotb.test()
+async def serve(dut):
+    case = rtl.load_case()
+    clk = clock.start_clock(dut)
+    await clock.reset(dut, clk)
+    dut.host_w_en.value = 0
+    dut.host_r_en.value = 0
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", int(case.get("port", 0))))
+    server.listen(1)
+    server.settimeout(float(case.get("accept_timeout_s", 60)))
+    port = server.getsockname()[1]
+    tmp = case["port_file"] + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(port))
+    os.replace(tmp, case["port_file"])
+    conn, _ = server.accept()
+    server.close()
+    conn.setblocking(False)
+    period = clock.CLOCK_PERIOD_NS
+    step = MIN_STEP
+    cycles = quiet = 0
+    # cycles without traffic after which the link is surely idle (a UART byte takes
+    # 10 * divisor cycles; give it a few bytes' time)
+    quiet_limit = int(case.get("quiet_cycles", 1024))
+    await FallingEdge(dut.clk)
+    while True:
+        try:
+            data = conn.recv(1 << 16)
+            if not data:
+                break                                  # the host closed the link
+        except BlockingIOError:
+            data = b""
+        except ConnectionResetError:
+            break
+        moved = False
+        if data:
+            for byte in data:
+                dut.host_w_data.value = byte
+                dut.host_w_en.value = 1
+                await FallingEdge(dut.clk)
+            dut.host_w_en.value = 0
+            cycles += len(data)
+            moved = True
+        level = int(dut.host_r_level.value)
+        if level:
+            out = bytearray()
+            while len(out) < level:
+                ready = int(dut.host_r_rdy.value)
+                if ready:
+                    out.append(int(dut.host_r_data.value))
+                dut.host_r_en.value = ready
+                await FallingEdge(dut.clk)
+                cycles += 1
+            dut.host_r_en.value = 0
+            try:
+                conn.sendall(bytes(out))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            moved = True
+        if int(dut.busy.value):
+            # the engine computes: run at full speed until it is done (the host's status
+            # polls wait in the socket meanwhile)
+            await First(Timer(MAX_STEP * period, unit="ns"), FallingEdge(dut.busy))
+            await FallingEdge(dut.clk)
+            step = MIN_STEP
+        elif moved:
+            step, quiet = MIN_STEP, 0
+        elif quiet >= quiet_limit and int(dut.idle.value):
+            # nothing in flight and the engine idle: nothing can happen until the host
+            # sends, so wait for it without advancing simulated time
+            select.select([conn], [], [], 0.5)
+        else:
+            await Timer(step * period, unit="ns")
+            cycles += step
+            quiet += step
+            step = min(MAX_STEP, step * 2)
+    conn.close()
+    rtl.write_result({"cycles": cycles})
+
+
+@cocotb.test(skip=True)
+async def idle_speed(dut):
+    """Simulated cycles per second of the whole board with Python asleep (selected by name)."""
+    import time
+    cycles = int(rtl.load_case().get("cycles", 200_000))
+    clk = clock.start_clock(dut)
+    await clock.reset(dut, clk)
+    dut.host_w_en.value = 0
+    dut.host_r_en.value = 0
+    start = time.perf_counter()
+    await clock.wait_cycles(clk, cycles)
+    rtl.write_result({"cycles": cycles, "seconds": time.perf_counter() - start})

@@ -1,0 +1,56 @@
+"""The simulated board as a process: `python -m ember_sim.board` builds the engine's RTL
+(cached), starts it in Verilator or Icarus under cocotb, and serves its link on a loopback TCP
+port that the host opens with pyserial's `socket://` URL (ember.device.open_device('sim')).
+
+    python -m ember_sim.board --simulator verilator --build sim --port-file PATH [--uart]
+
+The chosen port is written to --port-file once the simulator listens; the process ends when
+the host closes the connection.
+"""
+
+import argparse
+import sys
+
+from ember import spec
+
+
+def toplevel_name(build, variant):
+    return f"ember_board_{build.name}_{variant}"
+
+
+def build_board(build, simulator, variant="stream", divisor=4):
+    """Compile (or reuse) the simulated board for a build; returns the rtl.SimBuild."""
+    from ember_sim import rtl
+    from ember_sim.board_top import SimBoard
+    rtl.require_simulator(simulator)
+    return rtl.build(lambda: SimBoard(build, variant, divisor), toplevel_name(build, variant),
+                     simulator)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m ember_sim.board", description=__doc__)
+    ap.add_argument("--simulator", default="verilator", choices=("verilator", "icarus"))
+    ap.add_argument("--build", default="sim", choices=sorted(spec.BUILDS))
+    ap.add_argument("--port-file", required=True)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--uart", action="store_true", help="bytes cross the engine's UART as bits")
+    ap.add_argument("--divisor", type=int, default=4, help="clock cycles per UART bit")
+    ap.add_argument("--accept-timeout", type=float, default=120.0)
+    ap.add_argument("--build-only", action="store_true")
+    args = ap.parse_args(argv)
+    from ember_sim import rtl
+    build = spec.BUILDS[args.build]
+    variant = "uart" if args.uart else "stream"
+    sim_build = build_board(build, args.simulator, variant, args.divisor)
+    if args.build_only:
+        print(f"built {sim_build.toplevel} for {args.simulator} in {sim_build.seconds:.1f} s")
+        return 0
+    rtl.run(sim_build, "ember_sim.benches.board_bench", testcase="serve",
+            case={"port_file": args.port_file, "port": args.port,
+                  "accept_timeout_s": args.accept_timeout,
+                  "quiet_cycles": 64 + (30 * args.divisor if args.uart else 0)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
