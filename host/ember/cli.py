@@ -37,7 +37,15 @@ def build_parser():
     ap.add_argument("--version", action="version", version=f"ember {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a network on a device and report energy")
-    t.add_argument("--backend", choices=BACKENDS, default="model")
+    t.add_argument("--backend", choices=BACKENDS, default="model",
+                   help="model (golden model), sim (simulated board), board (real board)")
+    t.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator",
+                   help="simulator of the sim backend")
+    t.add_argument("--uart", action="store_true",
+                   help="sim backend: every byte crosses the engine's UART as bits")
+    t.add_argument("--port", help="board backend: serial port name or pyserial URL")
+    t.add_argument("--baud", type=int, default=spec.DEFAULT_BAUD,
+                   help=f"board backend: baud rate (default {spec.DEFAULT_BAUD})")
     t.add_argument("--build", choices=sorted(spec.BUILDS), default="sim",
                    help="engine build whose limits and lane count apply (default: sim)")
     t.add_argument("--preset", choices=list(PRESETS), default="baseline",
@@ -111,7 +119,12 @@ def cmd_train(args):
     overrides = {k: getattr(args, k) for k in CONFIG_OPTIONS}
     cfg = make_config(args.preset, **overrides)
     ds = data.load(cfg.dataset, split_seed=0)
-    with open_device(args.backend, build=args.build) as dev:
+    options = {}
+    if args.backend == "sim":
+        options = {"simulator": args.simulator, "uart": args.uart}
+    elif args.backend == "board":
+        options = {"port": args.port, "baud": args.baud}
+    with open_device(args.backend, build=args.build, **options) as dev:
         result = Trainer(dev, ds, cfg, progress=not args.quiet).run()
     reference = None
     if args.reference:

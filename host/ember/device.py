@@ -179,10 +179,17 @@ class EngineDevice(Device):
         self._need_config()
         return regmap.unpack_weights(self.link.read_words, self.layers, self.build)
 
+    #: seconds a train or infer command may take before its (delayed) answer is given up on
+    command_timeout = 60.0
+
     def _run(self, control):
-        self.link.write_words(regmap.reg("control"), [control])
-        while self.link.read_words(regmap.reg("status"), 1)[0] & 1:
-            pass
+        """Start a command; the engine answers the write when the command has finished."""
+        timeout = self.link.timeout
+        self.link.timeout = max(timeout, self.command_timeout)
+        try:
+            self.link.write_words(regmap.reg("control"), [control])
+        finally:
+            self.link.timeout = timeout
 
     def train_batch(self, x, y, settings=StepSettings()):
         self._need_config()

@@ -164,6 +164,10 @@ BUILDS = {
     "icebreaker": Build(name="icebreaker", lanes=8, weight_words=4096, act_bytes=4096,
                         grad_words=512, scratch_entries=2048, max_batch=32, max_width=256,
                         clock_hz=36_000_000),
+    # a small build for fast RTL tests (Icarus included)
+    "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
+                  scratch_entries=256, max_batch=8, max_layers=4, max_width=64,
+                  clock_hz=48_000_000),
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=2048, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=100_000_000),

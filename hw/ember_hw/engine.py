@@ -148,6 +148,7 @@ class EngineCore(wiring.Component):
         m.d.comb += self.busy.eq(busy)
         start_train = Signal()
         start_infer = Signal()
+        cmd_pending = Signal()
 
         # ---------------------------------------------------------------- bus slave
         region = bus.addr[spec.REGION_BITS:]
@@ -205,16 +206,26 @@ class EngineCore(wiring.Component):
                                         else:
                                             m.d.comb += ack(ro_values[name])
                                     elif mode == "wo":
+                                        # a train or infer command is answered when it
+                                        # has finished, so the host never polls and every
+                                        # backend sees the same link traffic
                                         with m.If(wr):
-                                            with m.If(busy):
+                                            with m.If(cmd_pending):
+                                                with m.If(~busy):
+                                                    m.d.comb += ack()
+                                                    m.d.sync += cmd_pending.eq(0)
+                                            with m.Elif(busy):
                                                 m.d.comb += err("busy")
                                             with m.Else():
-                                                m.d.comb += ack()
                                                 m.d.comb += [
                                                     start_train.eq(bus.w_data[0]),
                                                     start_infer.eq(bus.w_data[1]),
                                                     clear_counters.eq(bus.w_data[2]),
                                                 ]
+                                                with m.If(bus.w_data[:2] != 0):
+                                                    m.d.sync += cmd_pending.eq(1)
+                                                with m.Else():
+                                                    m.d.comb += ack()
                                         with m.Else():
                                             m.d.comb += ack(0)
                                     else:

@@ -248,6 +248,22 @@ def _verilog_text(component, name: str) -> str:
     return verilog.convert(component, name=name, emit_src=False)
 
 
+_TRIGGER = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s*= 0;$", re.M)
+
+
+def icarus_time_zero_fix(text: str) -> str:
+    """Make Icarus evaluate every combinational block once after time zero.
+
+    Yosys makes each ``always @*`` block sensitive to a per-module trigger register initialised
+    to 0, counting on that initialisation to run the blocks at time zero; Icarus 11 may
+    initialise it before the blocks wait on it, so outputs that depend only on registers that
+    never change (an FSM resting in its reset state) stay X. Toggling the trigger 1 ps in
+    makes every block run once.
+    """
+    return _TRIGGER.sub(lambda m: f"{m.group(0)}\n{m.group(1)}initial #1 {m.group(2)} = 1'b1;",
+                        text)
+
+
 def _write_if_changed(path: Path, text: str) -> bool:
     if path.is_file() and path.read_text() == text:
         return False
@@ -323,6 +339,8 @@ def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_source
     else:
         component = design() if callable(design) and not hasattr(design, "elaborate") else design
         verilog_text = _verilog_text(component, toplevel)
+        if simulator == "icarus":
+            verilog_text = icarus_time_zero_fix(verilog_text)
         design_path = build_dir / f"{toplevel}.v"
     sources = (design_path, *(Path(s).resolve() for s in extra_sources))
     default_args = VERILATOR_BUILD_ARGS if simulator == "verilator" else ICARUS_BUILD_ARGS
