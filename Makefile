@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 train: $(STAMP)
-	$(BIN)/ember train --preset e2train --reference $(ARGS)
+	$(BIN)/ember train --backend sim --preset e2train --reference $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)

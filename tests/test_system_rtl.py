@@ -86,3 +86,69 @@ def test_board_answers_a_frame(simulator):
     from ember_sim import board
     rtl.run(board.build_board(BUILD, simulator), "ember_sim.benches.board_bench",
             testcase="answers_a_frame")
+
+
+def _train_json(tmp_path, name, *args):
+    from ember import cli
+    path = tmp_path / f"{name}.json"
+    assert cli.main(["train", "--quiet", "--json", str(path), *args]) == 0
+    result = __import__("json").loads(path.read_text())
+    result.pop("wall_s")
+    return result
+
+
+def _exact(counters):
+    return {k: v for k, v in counters.items() if k in spec.EXACT_COUNTERS or k == "skip_smd"}
+
+
+@pytest.mark.rtl
+def test_cli_sim_equals_model_default_network(tmp_path):
+    """`ember train --backend sim` and `--backend model`: same weights_sha256 and counters,
+    64-32-10 on digits with E2-Train settings plus ssProp and zero skipping (one epoch)."""
+    args = ("--preset", "all", "--epochs", "1", "--seed", "3")
+    sim = _train_json(tmp_path, "sim", "--backend", "sim", *args)
+    model = _train_json(tmp_path, "model", "--backend", "model", *args)
+    assert sim["weights_sha256"] == model["weights_sha256"]
+    assert _exact(sim["counters"]) == _exact(model["counters"])
+    assert _exact(sim["eval_counters"]) == _exact(model["eval_counters"])
+    assert sim["test_accuracy"] == model["test_accuracy"]
+    assert sim["counters"]["cycles"] > 0 and model["counters"]["cycles"] == 0
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("shape, preset", [("12-7-5", "e2train"), ("9-13-6-4", "all")])
+def test_cli_sim_equals_model_random_shapes(tmp_path, shape, preset):
+    rng = np.random.default_rng(len(shape))
+    widths = [int(w) for w in shape.split("-")]
+    x = rng.random((60, widths[0]))
+    x[x < 0.3] = 0
+    y = rng.integers(0, widths[-1], size=60)
+    data = tmp_path / "data.npz"
+    np.savez(data, X=x, y=y)
+    args = ("--preset", preset, "--epochs", "2", "--layers", shape, "--build", "tiny",
+            "--batch-size", "8", "--dataset", str(data), "--ssprop-variant", "random",
+            "--ssprop-keep", "0.5", "--ssprop-warmup", "0")
+    sim = _train_json(tmp_path, "sim", "--backend", "sim", *args)
+    model = _train_json(tmp_path, "model", "--backend", "model", *args)
+    assert sim["weights_sha256"] == model["weights_sha256"]
+    assert _exact(sim["counters"]) == _exact(model["counters"])
+
+
+@pytest.mark.rtl
+def test_uart_bits_on_the_wire():
+    """A few training batches with every byte crossing the engine's UART pins as 8N1 bits
+    (Verilator), equal to the model backend."""
+    rng = np.random.default_rng(5)
+    layers = [10, 7, 4]
+    weights = golden.init_weights(layers, 1)
+    steps = [(rng.integers(0, 256, size=(6, 10)), rng.integers(0, 4, size=6),
+              StepSettings(zero_skip=True, psg=bool(i % 2))) for i in range(3)]
+    x_infer = rng.integers(0, 256, size=(5, 10))
+    model = ModelDevice(BUILD)
+    with open_device("sim", build=BUILD, simulator="verilator", uart=True) as sim:
+        a = run_case(sim, layers, weights, steps, x_infer)
+    b = run_case(model, layers, weights, steps, x_infer)
+    assert a[0] == b[0] and list(a[1]) == list(b[1])
+    assert all(np.array_equal(p, q) for p, q in zip(a[2], b[2]))
+    assert _exact(a[3]) == _exact(b[3])
+    assert a[3]["link_rx_bytes"] > 1000
