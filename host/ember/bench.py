@@ -1,10 +1,29 @@
-"""`make bench`: Ember's benchmarks. Results go to build/bench/.
+"""`make bench`: the energy-versus-accuracy ablation and the engine's performance figures.
 
-    python -m ember.bench [--quick] [--out DIR]
+    python -m ember.bench [--quick] [--seeds N] [--epochs N] [--sim-seeds N] [--out DIR]
 
-Measured here: the golden model's training samples per second (medians of repeated runs, with
-the float reference measured side by side in the same run) and the accuracy and energy of
-every preset. Timings are ratios and medians; never assert on them in tests.
+For every configuration (dense baseline, SMD, SLU, PSG, ssProp, zero skipping, E2-Train and
+Ember-all) on digits with 64-32-10, several seeds: test accuracy (mean, std), energy spent under
+the profile, the energy ratio to the baseline at the same epoch budget, and energy-to-accuracy:
+the energy spent until the test accuracy first reaches the baseline's final accuracy minus one
+point, as a ratio to the baseline's. The counts come from the device: the first `--sim-seeds`
+seeds of every configuration run on the simulated board (Verilator) and are checked equal to
+the model backend, which carries the other seeds. Plus the float32 reference's accuracy.
+
+Engine figures (from the simulated runs): cycles per training and per inference sample, MAC
+utilization per phase (useful MAC-cycles / (lanes x phase cycles)), simulated cycles per second
+on Verilator and Icarus, and the golden model's training samples per second. Timings are
+medians of repeated runs measured side by side; never assert on them in tests.
+
+Output in --out (default build/bench): results.json (keys below), results.md (the table the
+README quotes) and accuracy_energy.png.
+
+results.json keys: configs.<name>.{test_accuracy_mean, test_accuracy_std, energy_pj_mean,
+energy_ratio, energy_to_accuracy_pj_mean, energy_to_accuracy_ratio, reached_target, seeds,
+sim_checked, skipped_macs_mean}; float32.{test_accuracy_mean, test_accuracy_std};
+engine.{lanes, cycles_per_train_sample, cycles_per_infer_sample, utilization,
+phase_cycles_per_sample, sim_cycles_per_s, golden_samples_per_s, sim_train_samples_per_s};
+setup.{epochs, seeds, sim_seeds, profile, network, batch_size}.
 """
 
 import argparse
@@ -15,90 +34,259 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, policies
-from .device import ModelDevice
+from . import data, golden, policies, spec
+from .device import ModelDevice, open_device
 from .reference import train_float
 from .trainer import Trainer
 
+CONFIGS = {
+    "baseline": "baseline", "smd": "smd", "slu": "slu", "psg": "psg", "ssprop": "ssprop",
+    "zero": "zero", "e2train": "e2train", "ember-all": "all",
+}
+EXACT = set(spec.EXACT_COUNTERS) | {"skip_smd"}
 
-def model_speed(ds, repeats=5, epochs=2):
-    """Training samples per second of the golden model and of the float reference."""
-    cfg = policies.make_config("baseline", epochs=epochs)
-    samples = epochs * len(ds.x_train)
-    model_s, float_s = [], []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        Trainer(ModelDevice(), ds, cfg, progress=False).run()
-        model_s.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        train_float(cfg, ds)
-        float_s.append(time.perf_counter() - t)
-    # the trainer also evaluates once per epoch: that inference is included in the time
+
+def _exact(c):
+    return {k: v for k, v in c.items() if k in EXACT}
+
+
+def energy_to_accuracy(history, target):
+    """Energy spent up to the first epoch whose test accuracy reaches `target` (None if never)."""
+    for h in history:
+        if h["test_accuracy"] >= target:
+            return h["energy_pj"]
+    return None
+
+
+def run_config(preset, seeds, epochs, sim_seeds, ds, log):
+    runs = []
+    for i, seed in enumerate(seeds):
+        cfg = policies.make_config(preset, seed=seed, epochs=epochs)
+        model = Trainer(ModelDevice(), ds, cfg, progress=False).run()
+        run = {"model": model, "sim": None}
+        if i < sim_seeds:
+            t = time.perf_counter()
+            with open_device("sim", simulator="verilator") as dev:
+                sim = Trainer(dev, ds, cfg, progress=False).run()
+            sim["wall_train_s"] = time.perf_counter() - t
+            same = (sim["weights_sha256"] == model["weights_sha256"] and
+                    _exact(sim["counters"]) == _exact(model["counters"]))
+            if not same:
+                raise AssertionError(f"{preset} seed {seed}: the sim backend differs from the "
+                                     "model backend")
+            run["sim"] = sim
+            log(f"  {preset} seed {seed}: sim = model (weights and counters), "
+                f"{sim['wall_train_s']:.0f} s")
+        runs.append(run)
+    return runs
+
+
+def engine_figures(sim_runs, lanes):
+    """Cycles per sample and utilization from the simulated training runs."""
+    c = {k: sum(r["counters"][k] for r in sim_runs) for k in spec.COUNTERS}
+    e = {k: sum(r["eval_counters"][k] for r in sim_runs) for k in spec.COUNTERS}
+    util = {
+        "forward": c["mac_forward"] / (lanes * c["cycles_forward"]) if c["cycles_forward"] else None,
+        "input_grad": (c["mac_input_grad"] / (lanes * c["cycles_input_grad"])
+                       if c["cycles_input_grad"] else None),
+        "weight_grad": ((c["mac_weight_grad"] + c["mac_weight_grad_low"]) /
+                        (lanes * c["cycles_weight_grad"]) if c["cycles_weight_grad"] else None),
+        "weight_grad_with_update": ((c["mac_weight_grad"] + c["mac_weight_grad_low"]) /
+                                    (lanes * (c["cycles_weight_grad"] + c["cycles_update"]))
+                                    if c["cycles_weight_grad"] else None),
+        "inference": e["mac_forward"] / (lanes * e["cycles_forward"]) if e["cycles_forward"] else None,
+    }
     return {
-        "network": "64-32-10", "batch_size": cfg.batch_size, "samples": samples,
-        "golden_samples_per_s": samples / statistics.median(model_s),
-        "float_samples_per_s": samples / statistics.median(float_s),
-        "repeats": repeats,
+        "cycles_per_train_sample": c["cycles"] / c["samples"] if c["samples"] else None,
+        "cycles_per_infer_sample": e["cycles"] / e["infer_samples"] if e["infer_samples"] else None,
+        "phase_cycles_per_sample": {k: c[k] / c["samples"] for k in spec.CYCLE_COUNTERS
+                                    if c["samples"]},
+        "utilization": util,
+        "link_bytes_per_train_sample": ((c["link_rx_bytes"] + c["link_tx_bytes"]) / c["samples"]
+                                        if c["samples"] else None),
     }
 
 
-def presets(ds, seeds, epochs):
-    """Test accuracy and energy of every preset on the model backend."""
-    rows = {}
-    for name in policies.PRESETS:
-        accs, energies, saved = [], [], []
-        for seed in seeds:
-            cfg = policies.make_config(name, seed=seed, epochs=epochs)
-            r = Trainer(ModelDevice(), ds, cfg, progress=False).run()
-            accs.append(r["test_accuracy"])
-            energies.append(r["energy_pj"])
-            saved.append(r["saved_fraction"])
-        rows[name] = {"test_accuracy_mean": float(np.mean(accs)),
-                      "test_accuracy_std": float(np.std(accs)),
-                      "energy_pj_mean": float(np.mean(energies)),
-                      "saved_fraction_mean": float(np.mean(saved))}
-    f = [train_float(policies.make_config("baseline", seed=s, epochs=epochs), ds)
-         ["test_accuracy"] for s in seeds]
-    rows["float32"] = {"test_accuracy_mean": float(np.mean(f)),
-                       "test_accuracy_std": float(np.std(f))}
-    return rows
+def dense_engine_figures(ds, batches=3):
+    """Cycles per sample of the dense baseline step (SGD, every layer, no skipping) and of
+    inference, on the simulated board: the engine's raw speed."""
+    layers = [64, 32, 10]
+    with open_device("sim", simulator="verilator") as dev:
+        dev.configure(layers)
+        dev.load_weights(golden.init_weights(layers, 0))
+        dev.clear_counters()
+        t = time.perf_counter()
+        for i in range(batches):
+            dev.train_batch(ds.x_train[32 * i:32 * (i + 1)], ds.y_train[32 * i:32 * (i + 1)])
+        wall = time.perf_counter() - t
+        c = dev.take_counters()
+        dev.infer_all(ds.x_test[:64 * batches])
+        e = dev.take_counters()
+    P = dev.build.lanes
+    return {
+        "cycles_per_train_sample": c["cycles"] / c["samples"],
+        "cycles_per_infer_sample": e["cycles"] / e["infer_samples"],
+        "phase_cycles_per_sample": {k: c[k] / c["samples"] for k in spec.CYCLE_COUNTERS},
+        "utilization": {
+            "forward": c["mac_forward"] / (P * c["cycles_forward"]),
+            "input_grad": c["mac_input_grad"] / (P * c["cycles_input_grad"]),
+            "weight_grad": c["mac_weight_grad"] / (P * c["cycles_weight_grad"]),
+            "weight_grad_with_update": c["mac_weight_grad"] /
+            (P * (c["cycles_weight_grad"] + c["cycles_update"])),
+            "inference": e["mac_forward"] / (P * e["cycles_forward"]),
+        },
+        "sim_train_samples_per_s": c["samples"] / wall,
+        "link_bytes_per_train_sample": (c["link_rx_bytes"] + c["link_tx_bytes"]) / c["samples"],
+    }
 
 
-def markdown(rows):
-    base = rows["baseline"]["energy_pj_mean"]
-    out = ["| configuration | test accuracy (mean +- std) | energy (uJ) | energy / baseline |",
-           "|---|---|---|---|"]
-    for name, r in rows.items():
-        acc = f"{100 * r['test_accuracy_mean']:.2f} +- {100 * r['test_accuracy_std']:.2f} %"
-        if "energy_pj_mean" in r:
-            e = r["energy_pj_mean"]
-            out.append(f"| {name} | {acc} | {e / 1e6:.1f} | {e / base:.3f} |")
-        else:
-            out.append(f"| {name} | {acc} | - | - |")
-    return "\n".join(out)
+def simulator_speed(cycles_verilator=400_000, cycles_icarus=40_000):
+    """Simulated cycles per second of the whole simulated board, Python asleep."""
+    from ember_sim import board, rtl
+    out = {}
+    for sim, cycles in (("verilator", cycles_verilator), ("icarus", cycles_icarus)):
+        b = board.build_board(spec.DEFAULT_BUILD, sim)
+        r = rtl.run(b, "ember_sim.benches.board_bench", testcase="idle_speed",
+                    case={"cycles": cycles}).result
+        out[sim] = r["cycles"] / r["seconds"]
+    return out
+
+
+def golden_speed(ds, repeats=5, epochs=2):
+    """Training samples per second of the golden model itself (GoldenModel.train_batch)."""
+    layers = [64, 32, 10]
+    times = []
+    for _ in range(repeats):
+        m = golden.GoldenModel()
+        m.configure(layers)
+        m.load_weights(golden.init_weights(layers, 0))
+        t = time.perf_counter()
+        for _ in range(epochs):
+            for i in range(0, len(ds.x_train), 32):
+                m.train_batch(ds.x_train[i:i + 32], ds.y_train[i:i + 32])
+        times.append(time.perf_counter() - t)
+    return epochs * len(ds.x_train) / statistics.median(times)
+
+
+def summarize(runs_by_config, float_accs):
+    base_runs = runs_by_config["baseline"]
+    base_final = float(np.mean([r["model"]["test_accuracy"] for r in base_runs]))
+    target = base_final - 0.01
+    base_energy = float(np.mean([r["model"]["energy_pj"] for r in base_runs]))
+    base_eta = [energy_to_accuracy(r["model"]["history"], target) for r in base_runs]
+    base_eta = float(np.mean([e for e in base_eta if e is not None]))
+    out = {}
+    for name, runs in runs_by_config.items():
+        accs = [r["model"]["test_accuracy"] for r in runs]
+        energies = [r["model"]["energy_pj"] for r in runs]
+        etas = [energy_to_accuracy(r["model"]["history"], target) for r in runs]
+        reached = [e for e in etas if e is not None]
+        skipped = {k: float(np.mean([r["model"]["skipped"][k] for r in runs]))
+                   for k in spec.SKIP_REASONS}
+        out[name] = {
+            "test_accuracy_mean": float(np.mean(accs)), "test_accuracy_std": float(np.std(accs)),
+            "energy_pj_mean": float(np.mean(energies)),
+            "energy_ratio": float(np.mean(energies)) / base_energy,
+            "energy_to_accuracy_pj_mean": float(np.mean(reached)) if reached else None,
+            "energy_to_accuracy_ratio": float(np.mean(reached)) / base_eta if reached else None,
+            "reached_target": f"{len(reached)}/{len(runs)}",
+            "seeds": len(runs), "sim_checked": sum(1 for r in runs if r["sim"]),
+            "skipped_macs_mean": skipped,
+        }
+    return out, {"test_accuracy_mean": float(np.mean(float_accs)),
+                 "test_accuracy_std": float(np.std(float_accs))}, target
+
+
+def markdown(configs, float_ref, target):
+    rows = ["| configuration | test accuracy | energy (uJ) | energy / baseline | "
+            f"energy to {100 * target:.1f} % / baseline's | sim-checked seeds |",
+            "|---|---|---|---|---|---|"]
+    for name, r in configs.items():
+        eta = "not reached" if r["energy_to_accuracy_ratio"] is None else \
+            f"{r['energy_to_accuracy_ratio']:.3f} ({r['reached_target']})"
+        rows.append(f"| {name} | {100 * r['test_accuracy_mean']:.2f} +- "
+                    f"{100 * r['test_accuracy_std']:.2f} % | {r['energy_pj_mean'] / 1e6:.1f} | "
+                    f"{r['energy_ratio']:.3f} | {eta} | {r['sim_checked']}/{r['seeds']} |")
+    rows.append(f"| float32 reference | {100 * float_ref['test_accuracy_mean']:.2f} +- "
+                f"{100 * float_ref['test_accuracy_std']:.2f} % | - | - | - | - |")
+    return "\n".join(rows)
+
+
+def plot(configs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, r in configs.items():
+        ax.errorbar(r["energy_pj_mean"] / 1e6, 100 * r["test_accuracy_mean"],
+                    yerr=100 * r["test_accuracy_std"], fmt="o", capsize=3)
+        ax.annotate(name, (r["energy_pj_mean"] / 1e6, 100 * r["test_accuracy_mean"]),
+                    textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xlabel("training energy (uJ, horowitz45 profile)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Ember on digits, 64-32-10: accuracy against energy")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ember.bench", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="one seed, few epochs (smoke test)")
+    ap = argparse.ArgumentParser(prog="python -m ember.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1 seed, 1 epoch, one sim-checked configuration")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--sim-seeds", type=int, default=1,
+                    help="seeds of each configuration run on the simulated board (0: none)")
     ap.add_argument("--out", default="build/bench")
     args = ap.parse_args(argv)
-    ds = data.load_digits()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    seeds, epochs = ((0,), 2) if args.quick else ((0, 1, 2), 20)
-    results = {"model_speed": model_speed(ds, repeats=1 if args.quick else 5,
-                                          epochs=1 if args.quick else 2),
-               "seeds": list(seeds), "epochs": epochs,
-               "presets": presets(ds, seeds, epochs)}
+    log = lambda s: print(s, flush=True)
+    ds = data.load_digits()
+    seeds = list(range(1 if args.quick else args.seeds))
+    epochs = 1 if args.quick else args.epochs
+    runs = {}
+    for name, preset in CONFIGS.items():
+        sim_seeds = (1 if name == "ember-all" else 0) if args.quick else args.sim_seeds
+        log(f"{name}: {len(seeds)} seeds x {epochs} epochs ({sim_seeds} on the simulated board)")
+        runs[name] = run_config(preset, seeds, epochs, sim_seeds, ds, log)
+    float_accs = [train_float(policies.make_config("baseline", seed=s, epochs=epochs), ds)
+                  ["test_accuracy"] for s in seeds]
+    configs, float_ref, target = summarize(runs, float_accs)
+    log("engine figures: dense baseline on the simulated board, simulator speeds, golden model")
+    engine = dense_engine_figures(ds, batches=1 if args.quick else 3)
+    engine["lanes"] = spec.DEFAULT_BUILD.lanes
+    engine["sim_cycles_per_s"] = simulator_speed(*((100_000, 10_000) if args.quick
+                                                   else (400_000, 40_000)))
+    engine["golden_samples_per_s"] = golden_speed(ds, repeats=1 if args.quick else 5)
+    sim_runs = [r["sim"] for rs in runs.values() for r in rs if r["sim"]]
+    if sim_runs:
+        engine["all_sim_runs"] = engine_figures(sim_runs, spec.DEFAULT_BUILD.lanes)
+    results = {"setup": {"epochs": epochs, "seeds": len(seeds),
+                         "sim_seeds": 1 if args.quick else args.sim_seeds,
+                         "profile": "horowitz45", "network": "64-32-10", "batch_size": 32},
+               "configs": configs, "float32": float_ref, "engine": engine,
+               "target_accuracy": target}
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    table = markdown(results["presets"])
+    table = markdown(configs, float_ref, target)
     (out / "results.md").write_text(table + "\n")
-    s = results["model_speed"]
-    print(f"golden model: {s['golden_samples_per_s']:,.0f} training samples/s "
-          f"(float32 reference {s['float_samples_per_s']:,.0f}/s; median of {s['repeats']})")
-    print(table)
-    print(f"written: {out / 'results.json'}, {out / 'results.md'}")
+    plot(configs, out / "accuracy_energy.png")
+    u = engine["utilization"]
+    log(table)
+    log(f"\nengine (P={engine['lanes']}, dense 64-32-10, batch 32): "
+        f"{engine['cycles_per_train_sample']:.0f} cycles per training sample, "
+        f"{engine['cycles_per_infer_sample']:.0f} per inference sample; MAC utilization "
+        f"forward {100 * u['forward']:.0f} %, input gradient {100 * u['input_grad']:.0f} %, "
+        f"weight gradient {100 * u['weight_grad']:.0f} % ({100 * u['weight_grad_with_update']:.0f}"
+        f" % with the update), inference {100 * u['inference']:.0f} %")
+    s = engine["sim_cycles_per_s"]
+    log(f"simulated cycles/s: Verilator {s['verilator']:,.0f}, Icarus {s['icarus']:,.0f}; "
+        f"golden model {engine['golden_samples_per_s']:,.0f} training samples/s; "
+        f"simulated board {engine['sim_train_samples_per_s']:.0f} training samples/s (wall)")
+    log(f"written: {out}/results.json, results.md, accuracy_energy.png")
     return 0
 
 
