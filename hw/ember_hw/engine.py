@@ -664,54 +664,75 @@ class EngineCore(wiring.Component):
                     m.next = "IG_A"
                 with m.Else():
                     m.next = "WG_START"
+            # Pipelined over (b, k) with j innermost: one issue slot per block (one slot for
+            # a (b, k) skipped as zero); A of the next (b, k) is read while the current one's
+            # slots run, and stage 1 adds the lanes' products (adder tree) and writes dX.
+            sidx = Signal(range(bld.scratch_entries + 1))       # b*K + k of the current slot
+            relu_cur = Signal()
+            s1_relu, s1_live = Signal(), Signal()
+            s1_sidx = Signal.like(sidx)
             with m.State("IG_A"):
-                m.d.comb += [a_rd.addr.eq(abase + b * K + k), count("act_reads")]
-                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0)]
-                m.next = "IG_CHECK"
-            with m.State("IG_CHECK"):
-                m.d.sync += relu_live.eq(a_rd.data != 0)
-                with m.If((a_rd.data != 0) | ~zs):
-                    m.next = "IG_J"
-                with m.Else():
-                    m.d.comb += count("skip_zero", keep)
-                    m.next = "IG_WRITE"
-            with m.State("IG_J"):
-                # stage 0: weight word (j, k), dY word (b, j), kept word j
-                m.d.comb += [w_rd.addr.eq(wbase + j * K + k),
-                             g_rd.addr.eq(gbase + b * nb + j)]
-                m.d.sync += [s1_valid.eq(j < nb), j.eq(Mux(j < nb, j + 1, j)),
-                             s1_lanes.eq(kept_dense)]
-                # stage 1: products of the kept lanes, summed by the tree (the kept word of
-                # the block read in stage 0 arrives now)
-                kept1 = Signal(P)
-                m.d.comb += kept1.eq(Mux(dense, s1_lanes, k_rd.data))
-                for i in range(P):
-                    m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
-                tree = sum(Mux(kept1[i], prod[i], 0) for i in range(P))
-                with m.If(s1_valid):
-                    m.d.sync += dx_acc.eq(dx_acc + tree)
-                    m.d.comb += [count("mac_input_grad", popcount(kept1)),
-                                 count("weight_reads", popcount(kept1)),
-                                 count("grad_lane_reads", popcount(kept1))]
-                with m.If((j == nb) & s1_valid | (nb == 0)):
-                    m.next = "IG_WRITE"
-            with m.State("IG_WRITE"):
-                dx = Signal(signed(spec.DX_BITS))
-                lim = (1 << (spec.DX_BITS - 1)) - 1
-                m.d.comb += dx.eq(Mux(relu_live, saturate(dx_acc, -lim - 1, lim), 0))
-                mag = Mux(dx < 0, -dx, dx).as_unsigned()
-                m.d.comb += [s_wr.addr.eq(b * K + k), s_wr.data.eq(dx), s_wr.en.eq(1),
-                             count("grad_writes")]
-                with m.If(mag > dx_max):
-                    m.d.sync += dx_max.eq(mag)
-                with m.If(k + 1 < K):
-                    m.d.sync += k.eq(k + 1)
-                    m.next = "IG_A"
-                with m.Elif(b + 1 < batch):
-                    m.d.sync += [k.eq(0), b.eq(b + 1)]
-                    m.next = "IG_A"
-                with m.Else():
-                    m.next = "REQ_START"
+                m.d.comb += a_rd.addr.eq(abase)
+                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), sidx.eq(0)]
+                m.next = "IG_RUN"
+            for state in ("IG_RUN", "IG_DRAIN"):
+                with m.State(state):
+                    # stage 1: the products of the kept lanes of the block read last cycle
+                    kept1 = Signal(P, name=f"kept1_{state}")
+                    m.d.comb += kept1.eq(Mux(dense, s1_lanes, k_rd.data))
+                    for i in range(P):
+                        m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
+                    tree = sum(Mux(kept1[i], prod[i], 0) for i in range(P))
+                    total = Signal(ACC, name=f"dx_total_{state}")
+                    m.d.comb += total.eq(dx_acc + Mux(s1_live, tree, 0))
+                    lim = (1 << (spec.DX_BITS - 1)) - 1
+                    dx = Signal(signed(spec.DX_BITS), name=f"dx_{state}")
+                    m.d.comb += dx.eq(Mux(s1_relu, saturate(total, -lim - 1, lim), 0))
+                    mag = Mux(dx < 0, -dx, dx).as_unsigned()
+                    with m.If(s1_valid):
+                        with m.If(s1_live):
+                            m.d.comb += [count("mac_input_grad", popcount(kept1)),
+                                         count("weight_reads", popcount(kept1)),
+                                         count("grad_lane_reads", popcount(kept1))]
+                        with m.If(s1_last):
+                            m.d.comb += [s_wr.addr.eq(s1_sidx), s_wr.data.eq(dx),
+                                         s_wr.en.eq(1), count("grad_writes")]
+                            m.d.sync += dx_acc.eq(0)
+                            with m.If(mag > dx_max):
+                                m.d.sync += dx_max.eq(mag)
+                        with m.Else():
+                            m.d.sync += dx_acc.eq(total)
+                    if state == "IG_DRAIN":
+                        m.d.sync += s1_valid.eq(0)
+                        m.next = "REQ_START"
+                        continue
+                    # stage 0: slot j of (b, k); A[b, k] arrived in slot 0
+                    first = j == 0
+                    relu_now = Mux(first, a_rd.data != 0, relu_cur)
+                    live_now = relu_now | ~zs
+                    last_slot = ~live_now | (j == nb - 1)
+                    m.d.comb += a_rd.addr.eq(abase + sidx + 1)       # the next (b, k)
+                    with m.If(first):
+                        m.d.sync += relu_cur.eq(a_rd.data != 0)
+                        m.d.comb += count("act_reads")
+                        with m.If(~live_now):
+                            m.d.comb += count("skip_zero", keep)
+                    with m.If(live_now):
+                        m.d.comb += [w_rd.addr.eq(wbase + j * K + k),
+                                     g_rd.addr.eq(gbase + b * nb + j)]
+                    m.d.sync += [s1_valid.eq(1), s1_last.eq(last_slot), s1_live.eq(live_now),
+                                 s1_relu.eq(relu_now), s1_sidx.eq(sidx),
+                                 s1_lanes.eq(kept_dense)]
+                    with m.If(last_slot):
+                        m.d.sync += [j.eq(0), sidx.eq(sidx + 1)]
+                        with m.If(k + 1 < K):
+                            m.d.sync += k.eq(k + 1)
+                        with m.Else():
+                            m.d.sync += [k.eq(0), b.eq(b + 1)]
+                        with m.If((b == batch - 1) & (k == K - 1)):
+                            m.next = "IG_DRAIN"
+                    with m.Else():
+                        m.d.sync += j.eq(j + 1)
 
             # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
             with m.State("REQ_START"):
@@ -922,7 +943,7 @@ class EngineCore(wiring.Component):
             "cycles_loss": ("LOSS_START", "LOSS_GO", "LOSS_GO2", "LOSS_RUN"),
             "cycles_select": ("BWD_LAYER", "BWD_LAYER2", "SCORE_TOPK", "SCORE_RANDOM",
                               "SELECT", "SELECT_WAIT", "PACK", "BWD_NEXT"),
-            "cycles_input_grad": ("IG_START", "IG_A", "IG_CHECK", "IG_J", "IG_WRITE",
+            "cycles_input_grad": ("IG_START", "IG_A", "IG_RUN", "IG_DRAIN",
                                   "REQ_START", "REQ_RUN"),
             "cycles_weight_grad": ("WG_START", "WG_BLOCK", "WG_BLOCK2", "WG_K", "WG_FULL",
                                    "WG_LOW", "PSG_DECIDE", "PSG_MAX", "WG_NEXT_K",
