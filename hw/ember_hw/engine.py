@@ -399,7 +399,6 @@ class EngineCore(wiring.Component):
         dx_max = Signal(spec.DX_BITS)
         dx_shift = Signal(6)
         correction = Signal(signed(12))
-        upd_shift = Signal(6)
         keep = Signal(WIDTH)
         do_wgrad, do_igrad = Signal(), Signal()
         relu_live = Signal()
@@ -409,8 +408,15 @@ class EngineCore(wiring.Component):
         pred = [Signal(signed(32), name=f"pred{i}") for i in range(P)]
         confident = Signal(P)
         uncertain = Signal(P)
-        new_word = Signal(P * W)
-        changed = Signal(P)
+        # the update unit's copy of one (j, k): gradient sources, kept lanes, address, shift
+        u_busy = Signal()
+        u_src = [Signal(ACC, name=f"u_src{i}") for i in range(P)]
+        u_lanes = Signal(P)
+        u_addr = Signal.like(d_wbase[0])
+        u_shift = Signal(6)
+        u_word = Signal(P * W)
+        u_changed = Signal(P)
+        up = Signal(range(P + 1))
         score = Signal(32)
         packed = Signal(P)
 
@@ -848,7 +854,7 @@ class EngineCore(wiring.Component):
                         if low:
                             m.next = "PSG_DECIDE"
                         else:
-                            m.next = "UPD_READ"
+                            m.next = "UPD_HANDOFF"
             with m.State("PSG_DECIDE"):
                 mags = [Mux(q < 0, -q, q).as_unsigned() for q in pred]
                 tau = Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau)
@@ -865,7 +871,7 @@ class EngineCore(wiring.Component):
                         m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0)]
                         m.next = "WG_FULL"
                     with m.Else():
-                        m.next = "UPD_READ"
+                        m.next = "UPD_HANDOFF"
             with m.State("PSG_MAX"):
                 q = Array(pred)[p]
                 mag_p = Mux(q < 0, -q, q).as_unsigned()
@@ -874,40 +880,25 @@ class EngineCore(wiring.Component):
                 m.d.sync += p.eq(p + 1)
                 with m.If(p == P - 1):
                     m.next = "WG_NEXT_K"
-            with m.State("UPD_READ"):
-                m.d.comb += [w_rd.addr.eq(wbase + j * K + k),
-                             count("weight_reads", popcount(lanes_on))]
-                m.d.sync += [p.eq(0), changed.eq(0)]
-                u = correction + lr_shift
-                m.d.sync += upd_shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
-                                                          spec.UPDATE_SHIFT_MAX, u)))
-                m.next = "UPD_LATCH"
-            with m.State("UPD_LATCH"):
-                m.d.sync += new_word.eq(w_rd.data)
-                m.next = "UPD_LANE"
-            with m.State("UPD_LANE"):
-                old = new_word.word_select(p, W).as_signed()
-                a_p = acc_arr[p]
-                q = Array(pred)[p]
-                step = (Const(1, unsigned(16)) << psg_step)[:16]
-                sgn_src = Mux(confident.bit_select(p, 1), q, a_p)
-                delta = Signal(signed(18))
-                m.d.comb += delta.eq(Mux(sgn_src > 0, step, 0) - Mux(sgn_src < 0, step, 0))
-                psg_new = old - delta
-                sgd_new = old - round_shift(a_p, upd_shift, spec.ACC_BITS)
-                new = Signal(signed(spec.ACC_BITS + 2))
-                m.d.comb += new.eq(Mux(psg_on, psg_new, sgd_new))
-                newsat = saturate(new, -32768, 32767)
-                with m.If(lanes_on.bit_select(p, 1) & (newsat != old)):
-                    m.d.sync += [new_word.word_select(p, W).eq(newsat[:W]),
-                                 changed.bit_select(p, 1).eq(1)]
-                m.d.sync += p.eq(p + 1)
-                with m.If(p == P - 1):
-                    m.next = "UPD_WRITE"
-            with m.State("UPD_WRITE"):
-                m.d.comb += [w_wr.addr.eq(wbase + j * K + k), w_wr.data.eq(new_word),
-                             w_wr.en.eq(changed), count("weight_writes", popcount(changed))]
-                m.next = "WG_NEXT_K"
+            with m.State("UPD_HANDOFF"):
+                # hand (j, k)'s gradient to the update unit, which writes it back while the
+                # next (j, k) accumulates; wait only if it is still busy with the last one
+                with m.If(~u_busy):
+                    u = correction + lr_shift
+                    m.d.sync += [u_busy.eq(1), u_lanes.eq(lanes_on), u_addr.eq(wbase + j * K + k),
+                                 u_shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
+                                                              spec.UPDATE_SHIFT_MAX, u)))]
+                    for i in range(P):
+                        # PSG needs only a sign: the prediction's where it was confident
+                        m.d.sync += u_src[i].eq(Mux(psg_on & confident[i], pred[i], acc[i]))
+                    with m.If(k + 1 < K):
+                        m.d.sync += k.eq(k + 1)
+                        m.next = "WG_K"
+                    with m.Else():
+                        m.next = "WG_NEXT_BLOCK"
+            with m.State("WG_WAIT"):
+                with m.If(~u_busy):
+                    m.next = "BWD_NEXT"
             with m.State("WG_NEXT_K"):
                 with m.If(k + 1 < K):
                     m.d.sync += k.eq(k + 1)
@@ -922,7 +913,7 @@ class EngineCore(wiring.Component):
                     m.d.sync += [psg_pass_a.eq(0), j.eq(0)]
                     m.next = "WG_BLOCK"
                 with m.Else():
-                    m.next = "BWD_NEXT"
+                    m.next = "WG_WAIT"
 
             with m.State("BWD_NEXT"):
                 with m.If(do_igrad):
@@ -936,6 +927,42 @@ class EngineCore(wiring.Component):
                     m.d.sync += l.eq(l - 1)
                     m.next = "BWD_LAYER"
 
+        # ---------------------------------------------------------------- update unit
+        # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), one lane per
+        # cycle through one shared shifter; only changed lanes are written.
+        with m.FSM(name="update"):
+            with m.State("U_IDLE"):
+                with m.If(u_busy):
+                    m.next = "U_READ"
+            with m.State("U_READ"):
+                m.d.comb += [w_rd.addr.eq(u_addr), count("weight_reads", popcount(u_lanes))]
+                m.d.sync += [up.eq(0), u_changed.eq(0)]
+                m.next = "U_LATCH"
+            with m.State("U_LATCH"):
+                m.d.sync += u_word.eq(w_rd.data)
+                m.next = "U_LANE"
+            with m.State("U_LANE"):
+                old = u_word.word_select(up, W).as_signed()
+                src = Array(u_src)[up]
+                step = (Const(1, unsigned(16)) << psg_step)[:16]
+                delta = Signal(signed(18))
+                m.d.comb += delta.eq(Mux(src > 0, step, 0) - Mux(src < 0, step, 0))
+                new = Signal(signed(spec.ACC_BITS + 2))
+                m.d.comb += new.eq(Mux(psg_on, old - delta,
+                                       old - round_shift(src, u_shift, spec.ACC_BITS)))
+                newsat = saturate(new, -32768, 32767)
+                with m.If(u_lanes.bit_select(up, 1) & (newsat != old)):
+                    m.d.sync += [u_word.word_select(up, W).eq(newsat[:W]),
+                                 u_changed.bit_select(up, 1).eq(1)]
+                m.d.sync += up.eq(up + 1)
+                with m.If(up == P - 1):
+                    m.next = "U_WRITE"
+            with m.State("U_WRITE"):
+                m.d.comb += [w_wr.addr.eq(u_addr), w_wr.data.eq(u_word), w_wr.en.eq(u_changed),
+                             count("weight_writes", popcount(u_changed))]
+                m.d.sync += u_busy.eq(0)
+                m.next = "U_IDLE"
+
         # cycle counters: every busy cycle, and each phase by the states it runs in
         phases = {
             "cycles_forward": ("FWD_ROW", "FWD_RUN", "FWD_WB", "AFTER_FWD",
@@ -948,7 +975,7 @@ class EngineCore(wiring.Component):
             "cycles_weight_grad": ("WG_START", "WG_BLOCK", "WG_BLOCK2", "WG_K", "WG_FULL",
                                    "WG_LOW", "PSG_DECIDE", "PSG_MAX", "WG_NEXT_K",
                                    "WG_NEXT_BLOCK"),
-            "cycles_update": ("UPD_READ", "UPD_LATCH", "UPD_LANE", "UPD_WRITE"),
+            "cycles_update": ("UPD_HANDOFF", "WG_WAIT"),
         }
         m.d.comb += count("cycles", busy)
         for name, states in phases.items():
