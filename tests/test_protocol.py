@@ -373,3 +373,13 @@ def test_execute_request_matches_the_fake_device():
     assert bus.memory == device.memory and len(device.memory) > 20
     with pytest.raises(TypeError, match="LinkState"):
         execute_request(payload, bus, None)
+
+
+def test_register_map_export_is_current():
+    """docs/register_map.json is what `python -m ember.regmap` prints (regenerate it when
+    spec.py changes)."""
+    import json
+    from pathlib import Path
+    from ember import regmap
+    committed = json.loads((Path(__file__).parent.parent / "docs/register_map.json").read_text())
+    assert committed == json.loads(json.dumps(regmap.register_map()))

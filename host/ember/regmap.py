@@ -159,3 +159,12 @@ def register_map():
         "status": {name: code for name, code in spec.LINK_STATUS.items()},
     }
 
+
+
+def main():
+    import json
+    print(json.dumps(register_map(), indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
