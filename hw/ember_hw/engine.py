@@ -376,7 +376,6 @@ class EngineCore(wiring.Component):
 
         # lane datapath
         acc = [Signal(ACC, name=f"acc{i}") for i in range(P)]
-        acc_arr = Array(acc)
         mul_a = [Signal(signed(16), name=f"mul_a{i}") for i in range(P)]
         mul_b = [Signal(signed(16), name=f"mul_b{i}") for i in range(P)]
         prod = [Signal(signed(32), name=f"prod{i}") for i in range(P)]
@@ -417,6 +416,13 @@ class EngineCore(wiring.Component):
         u_word = Signal(P * W)
         u_changed = Signal(P)
         up = Signal(range(P + 1))
+        # the forward writeback unit's copy of one block (it shares the u_src registers)
+        wb_busy, wb_last = Signal(), Signal()
+        wb_shift = Signal(5)
+        wb_lanes = Signal(P)
+        wb_act = Signal.like(d_abase[0])
+        wb_word = Signal(_bits(bld.grad_words))
+        wp = Signal(range(P + 1))
         score = Signal(32)
         packed = Signal(P)
 
@@ -476,37 +482,34 @@ class EngineCore(wiring.Component):
                         with m.If(lanes_valid[i]):
                             m.d.sync += acc[i].eq(acc[i] + prod[i])
                 with m.If(s2_valid & s2_last):
-                    m.d.sync += p.eq(0)
-                    m.next = "FWD_WB"
-            with m.State("FWD_WB"):
-                # one lane per cycle through the shared requantizer
-                y = Signal(signed(spec.ACC_BITS + 1))
-                m.d.comb += y.eq(round_shift(acc_arr[p], shift, spec.ACC_BITS))
-                out_n = (j << LOGP) + p
-                with m.If(out_n < N):
-                    with m.If(last_layer):
-                        logit = saturate(y, -32768, 32767)
-                        m.d.comb += [g_wr.addr.eq(gbase + b * nb + j),
-                                     g_wr.data.eq(logit.as_unsigned()[:16].replicate(P)),
-                                     g_wr.en.eq(1 << p), count("grad_writes")]
-                    with m.Else():
-                        m.d.comb += [a_wr.addr.eq(next_abase + b * N + out_n),
-                                     a_wr.data.eq(saturate(y, 0, 255)[:8]), a_wr.en.eq(1),
-                                     count("act_writes")]
-                m.d.sync += p.eq(p + 1)
-                with m.If(p == P - 1):
+                    m.next = "FWD_HANDOFF"
+            with m.State("FWD_HANDOFF"):
+                # the writeback unit requantizes and writes this block while the next block
+                # accumulates; the next layer (which reads these outputs) and the loss wait
+                with m.If(~wb_busy):
+                    m.d.sync += [wb_busy.eq(1), wb_last.eq(last_layer), wb_shift.eq(shift),
+                                 wb_lanes.eq(kept_dense),
+                                 wb_act.eq(next_abase + b * N + (j << LOGP)),
+                                 wb_word.eq(gbase + b * nb + j)]
+                    m.d.sync += [u_src[i].eq(acc[i]) for i in range(P)]
                     with m.If(j + 1 < nb):
                         m.d.sync += j.eq(j + 1)
                         m.next = "FWD_ROW"
                     with m.Elif(~last_layer):
                         m.d.sync += [j.eq(0), l.eq(l + 1)]
-                        m.next = "FWD_ROW"
+                        m.next = "FWD_SYNC"
                     with m.Elif(b + 1 < batch):
                         m.d.sync += [j.eq(0), l.eq(0), b.eq(b + 1)]
                         m.next = "FWD_ROW"
                     with m.Else():
                         m.d.sync += b.eq(0)
-                        m.next = "AFTER_FWD"
+                        m.next = "FWD_END"
+            with m.State("FWD_SYNC"):
+                with m.If(~wb_busy):
+                    m.next = "FWD_ROW"
+            with m.State("FWD_END"):
+                with m.If(~wb_busy):
+                    m.next = "AFTER_FWD"
             with m.State("AFTER_FWD"):
                 with m.If(infer_mode):
                     m.d.sync += [b.eq(0), n.eq(0)]
@@ -927,6 +930,32 @@ class EngineCore(wiring.Component):
                     m.d.sync += l.eq(l - 1)
                     m.next = "BWD_LAYER"
 
+        # ---------------------------------------------------------------- writeback unit
+        # forward outputs of one block, one lane per cycle through the requantizer: ReLU and
+        # UQ2.6 bytes into the activation memory, or Q7.8 logits into the gradient memory
+        with m.FSM(name="writeback"):
+            with m.State("W_IDLE"):
+                m.d.sync += wp.eq(0)
+                with m.If(wb_busy):
+                    m.next = "W_LANE"
+            with m.State("W_LANE"):
+                y = Signal(signed(spec.ACC_BITS + 1))
+                m.d.comb += y.eq(round_shift(Array(u_src)[wp], wb_shift, spec.ACC_BITS))
+                with m.If(wb_lanes.bit_select(wp, 1)):
+                    with m.If(wb_last):
+                        logit = saturate(y, -32768, 32767)
+                        m.d.comb += [g_wr.addr.eq(wb_word),
+                                     g_wr.data.eq(logit.as_unsigned()[:16].replicate(P)),
+                                     g_wr.en.eq(1 << wp), count("grad_writes")]
+                    with m.Else():
+                        m.d.comb += [a_wr.addr.eq(wb_act + wp),
+                                     a_wr.data.eq(saturate(y, 0, 255)[:8]), a_wr.en.eq(1),
+                                     count("act_writes")]
+                m.d.sync += wp.eq(wp + 1)
+                with m.If(wp == P - 1):
+                    m.d.sync += wb_busy.eq(0)
+                    m.next = "W_IDLE"
+
         # ---------------------------------------------------------------- update unit
         # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), one lane per
         # cycle through one shared shifter; only changed lanes are written.
@@ -965,7 +994,8 @@ class EngineCore(wiring.Component):
 
         # cycle counters: every busy cycle, and each phase by the states it runs in
         phases = {
-            "cycles_forward": ("FWD_ROW", "FWD_RUN", "FWD_WB", "AFTER_FWD",
+            "cycles_forward": ("FWD_ROW", "FWD_RUN", "FWD_HANDOFF", "FWD_SYNC", "FWD_END",
+                               "AFTER_FWD",
                                "INF_ROW", "INF_RUN", "INF_WRITE"),
             "cycles_loss": ("LOSS_START", "LOSS_GO", "LOSS_GO2", "LOSS_RUN"),
             "cycles_select": ("BWD_LAYER", "BWD_LAYER2", "SCORE_TOPK", "SCORE_RANDOM",
