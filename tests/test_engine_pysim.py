@@ -70,6 +70,8 @@ CASES = {
                                                    lfsr_seed=0xACE1)] * 2),
     "psg_abs": ([7, 6, 5], 4, [StepSettings(psg=True, psg_tau=3, psg_step_shift=5)] * 2),
     "psg_rel": ([7, 6, 5], 4, [StepSettings(psg=True, psg_relative=True, psg_tau=2)] * 2),
+    # batch x hidden width (128) past what a layer-width counter holds (max_width 32)
+    "full_batch_wide_hidden": ([6, 16, 5], 8, [StepSettings(lr_shift=9)]),
     "all": ([9, 7, 6, 4], 3, [StepSettings(psg=True, zero_skip=True, keep_q8=128,
                                            update_mask=(False, True, True))] * 2),
 }

@@ -133,7 +133,8 @@ class FakePort:
 def make_link(device=None, faults=None, retries=5):
     device = device or FakeDevice()
     port = FakePort(device, faults)
-    return Link(port, retries=retries, timeout=0.005), port, device
+    # generous enough that a loaded machine does not turn slowness into retries
+    return Link(port, retries=retries, timeout=0.1), port, device
 
 
 # --- CRC and SLIP --------------------------------------------------------------------------------

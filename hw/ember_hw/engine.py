@@ -744,22 +744,23 @@ class EngineCore(wiring.Component):
                         m.d.sync += j.eq(j + 1)
 
             # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
+            ridx = Signal(range(bld.scratch_entries + 1))      # b*K + k, up to the batch's
             with m.State("REQ_START"):
                 lz = Signal(6)
                 for bit in range(spec.DX_BITS):
                     with m.If(dx_max[bit]):
                         m.d.comb += lz.eq(bit + 1)
                 m.d.sync += [dx_shift.eq(Mux(lz > 15, lz - 15, 0)), b.eq(0), k.eq(0),
-                             n.eq(0), s1_valid.eq(0)]
+                             ridx.eq(0), s1_valid.eq(0)]
                 m.next = "REQ_RUN"
             with m.State("REQ_RUN"):
-                # stage 0: read scratch entry n = b*K + k; stage 1: write dY_below
-                m.d.comb += [s_rd.addr.eq(n), count("grad_reads", n < batch * K)]
+                # stage 0: read scratch entry ridx = b*K + k; stage 1: write dY_below
+                m.d.comb += [s_rd.addr.eq(ridx), count("grad_reads", ridx < batch * K)]
                 s1_b = Signal.like(b)
                 s1_k = Signal.like(k)
-                m.d.sync += [s1_valid.eq(n < batch * K), s1_b.eq(b), s1_k.eq(k)]
-                with m.If(n < batch * K):
-                    m.d.sync += n.eq(n + 1)
+                m.d.sync += [s1_valid.eq(ridx < batch * K), s1_b.eq(b), s1_k.eq(k)]
+                with m.If(ridx < batch * K):
+                    m.d.sync += ridx.eq(ridx + 1)
                     with m.If(k + 1 < K):
                         m.d.sync += k.eq(k + 1)
                     with m.Else():
@@ -772,7 +773,7 @@ class EngineCore(wiring.Component):
                     m.d.comb += [g_wr.addr.eq(gbase_below + s1_b * nb_below + (s1_k >> LOGP)),
                                  g_wr.data.eq(dy.as_unsigned()[:16].replicate(P)),
                                  g_wr.en.eq(1 << s1_k[:LOGP]), count("grad_writes")]
-                with m.If(~s1_valid & (n == batch * K) & (n != 0)):
+                with m.If(~s1_valid & (ridx == batch * K) & (ridx != 0)):
                     m.next = "WG_START"
 
             # ---------------- weight gradient and update, per block j and input k
