@@ -1,15 +1,18 @@
 """The `ember` command: train a network on a device backend and report accuracy and energy."""
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 
-from . import __version__, data, spec
+from . import __version__, data, plot, spec
 from .device import BACKENDS, open_device
-from .policies import KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SSPROP_VARIANTS, make_config
+from .policies import (KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SSPROP_VARIANTS, TrainConfig,
+                       make_config)
 from .reference import train_float
 from .spec import ConfigError
-from .trainer import Trainer
+from .trainer import Trainer, load_checkpoint
 
 
 def _layers(text):
@@ -48,8 +51,9 @@ def build_parser():
                    help=f"board backend: baud rate (default {spec.DEFAULT_BAUD})")
     t.add_argument("--build", choices=sorted(spec.BUILDS), default="sim",
                    help="engine build whose limits and lane count apply (default: sim)")
-    t.add_argument("--preset", choices=list(PRESETS), default="baseline",
-                   help="named bundle of settings; the options below override it")
+    t.add_argument("--preset", choices=list(PRESETS),
+                   help="named bundle of settings (default baseline); the options below "
+                        "override it")
     t.add_argument("--epochs", type=int)
     t.add_argument("--batch-size", type=int)
     t.add_argument("--layers", type=_layers, help="widths, input first (default 64-32-10)")
@@ -75,6 +79,14 @@ def build_parser():
     _bool_flag(t, "zero-skip", "skip MAC cycles whose broadcast operand is zero")
     t.add_argument("--profile", help="energy profile name or JSON path (default horowitz45)")
     t.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    t.add_argument("--checkpoint", metavar="PATH",
+                   help="after every epoch, write what a resume needs to PATH (JSON, replaced "
+                        "atomically)")
+    t.add_argument("--resume", metavar="PATH",
+                   help="go on from a checkpoint after its last epoch; the settings come from "
+                        "the checkpoint, and any given here must equal them")
+    t.add_argument("--plot", metavar="PATH",
+                   help="write a PNG of test accuracy and energy per epoch")
     t.add_argument("--reference", action="store_true",
                    help="also train the float32 reference and report its accuracy")
     t.add_argument("--quiet", action="store_true", help="no progress output")
@@ -115,9 +127,58 @@ def summary(result, reference=None):
     return "\n".join(lines)
 
 
+def resume_config(checkpoint, preset, overrides):
+    """The TrainConfig of a resumed run: the checkpoint's settings. Settings given on the
+    command line must agree with them: with --preset, the preset and the options given must
+    make exactly the checkpoint's settings; without it, each option given must equal the
+    checkpoint's value. Raises ConfigError naming every setting that differs."""
+    path = checkpoint.get("path", "")
+    try:
+        saved = make_config("baseline", **checkpoint["settings"])
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(f"checkpoint {path} holds settings this ember cannot use: {e}") \
+            from None
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if preset is not None:
+        asked = make_config(preset, **given)
+    else:
+        asked = dataclasses.replace(saved, **{k: tuple(v) if isinstance(v, list) else v
+                                              for k, v in given.items()}).check()
+    want, have = asked.to_dict(), saved.to_dict()
+    diff = [k for k in (f.name for f in dataclasses.fields(TrainConfig)) if want[k] != have[k]]
+    if diff:
+        shown = ", ".join(f"{k} {want[k]!r} (checkpoint: {have[k]!r})" for k in diff)
+        source = f"--preset {preset} and the options given" if preset else "the options given"
+        raise ConfigError(f"--resume {path}: {source} differ from the checkpoint's settings: "
+                          f"{shown}; give the same settings, or none to take the checkpoint's")
+    return saved
+
+
+def _check_output(path, option):
+    """Fail before training, not after it, when an output cannot be written."""
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{option} {path}: directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise ConfigError(f"{option} {path} is a directory; give a file name")
+
+
 def cmd_train(args):
     overrides = {k: getattr(args, k) for k in CONFIG_OPTIONS}
-    cfg = make_config(args.preset, **overrides)
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint is not None:
+        cfg = resume_config(checkpoint, args.preset, overrides)
+        preset = args.preset or (checkpoint.get("notes") or {}).get("preset")
+    else:
+        preset = args.preset or "baseline"
+        cfg = make_config(preset, **overrides)
+    for path, option in ((args.json, "--json"), (args.checkpoint, "--checkpoint"),
+                         (args.plot, "--plot")):
+        _check_output(path, option)
+    if args.plot:
+        plot.require_matplotlib()
     ds = data.load(cfg.dataset, split_seed=0)
     options = {}
     if args.backend == "sim":
@@ -125,7 +186,8 @@ def cmd_train(args):
     elif args.backend == "board":
         options = {"port": args.port, "baud": args.baud}
     with open_device(args.backend, build=args.build, **options) as dev:
-        result = Trainer(dev, ds, cfg, progress=not args.quiet).run()
+        result = Trainer(dev, ds, cfg, progress=not args.quiet, checkpoint=args.checkpoint,
+                         resume=checkpoint, notes={"preset": preset}).run()
     reference = None
     if args.reference:
         reference = train_float(cfg, ds)
@@ -135,6 +197,8 @@ def cmd_train(args):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, sort_keys=True)
+    if args.plot:
+        plot.plot_run(result, args.plot, preset=preset)
     return 0
 
 
@@ -146,6 +210,12 @@ def main(argv=None):
     except ConfigError as e:
         print(f"ember: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        hint = ""
+        if getattr(args, "checkpoint", None) and os.path.exists(args.checkpoint):
+            hint = f"; go on with the same command and --resume {args.checkpoint}"
+        print(f"ember: interrupted{hint}", file=sys.stderr)
+        return 130
     return 1
 
 

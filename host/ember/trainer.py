@@ -4,15 +4,62 @@ on-device inference, and reports accuracy and energy per epoch.
 Per batch: SMD decides whether the batch is sent at all (a dropped batch is drawn, counted and
 never sent, and still advances the schedule); SLU picks the layer-update mask; the epoch's
 schedule gives the learning-rate shift, PSG step and ssProp keep ratio.
+
+Checkpoints
+-----------
+With ``checkpoint=PATH`` the trainer writes, after every epoch, everything a run needs to go on
+from there; ``resume=load_checkpoint(PATH)`` goes on from it. A run interrupted after epoch e
+and resumed ends with the same weights, counters (link bytes included), energy and history as
+one that ran straight through, and writing checkpoints changes none of them.
+
+A checkpoint is one JSON object (format ``"ember-checkpoint"``, ``"version"`` 1)::
+
+    format, version     "ember-checkpoint", 1
+    epoch               epochs completed (the run goes on at epoch + 1)
+    settings            the TrainConfig, as in the result JSON
+    build, backend      the device's build name (must match on resume) and backend (informative)
+    data_sha256         SHA-256 of the quantized split data set (must match on resume)
+    weights             integer weights read back from the device: one list per layer of N rows
+                        of K Q1.14 ints (layer 0 is the input side)
+    weights_sha256      golden.weights_sha256 of `weights`, checked on load
+    history             the per-epoch history so far
+    train_counters, eval_counters, dense_energy_pj
+                        the run's accumulated counters and dense-baseline energy
+    rng                 bit_generator.state of the shuffle, smd and lfsr Generators, and
+                        LayerMaskPolicy.state() as slu
+    link_seq            sequence number of the frame that cleared the device's counters at the
+                        end of the epoch (null for a device without a link)
+    notes               free-form labels from the caller (the CLI stores the preset name)
+
+Why link_seq: link byte counters include SLIP escapes of each response's sequence number and
+CRC, so they depend on where the link's sequence number stands. After the epoch's counters are
+read and cleared, reading the weights back costs link bytes and frames; the trainer then clears
+the counters again with the same sequence number as the epoch's clear, which leaves the device
+and the link exactly as they were without the checkpoint. A resume loads the weights, repeats
+the last evaluation (so the device's batch descriptors are as the run left them) and clears the
+same way, so both runs go on from identical device states.
 """
 
+import hashlib
+import json
+import os
+import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import energy, golden, spec
 from .policies import (STREAM_INIT, STREAM_LFSR, STREAM_SHUFFLE, STREAM_SMD, LayerMaskPolicy,
                        epoch_settings, rng, with_batch)
+from .spec import ConfigError
+
+CHECKPOINT_FORMAT = "ember-checkpoint"
+CHECKPOINT_VERSION = 1
+_CHECKPOINT_KEYS = ("epoch", "settings", "build", "data_sha256", "weights", "weights_sha256",
+                    "history", "train_counters", "eval_counters", "dense_energy_pj", "rng",
+                    "link_seq")
 
 
 def dense_counters(layers, build, batch):
@@ -33,14 +80,121 @@ def add_counters(total, part):
     return total
 
 
-class Trainer:
-    """Runs one TrainConfig on one Device and data set."""
+def data_sha256(ds):
+    """SHA-256 of a data set's quantized train/test split (what the device is fed)."""
+    h = hashlib.sha256()
+    for a in (ds.x_train, ds.y_train, ds.x_test, ds.y_test):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
-    def __init__(self, device, ds, cfg, progress=True):
+
+def save_checkpoint(path, checkpoint):
+    """Write a checkpoint dict atomically: a temporary file next to `path`, then os.replace,
+    so `path` always holds a complete checkpoint (the previous one until the new is whole)."""
+    doc = dict(checkpoint)
+    doc["weights"] = [np.asarray(w).tolist() for w in checkpoint["weights"]]
+    doc = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **doc}
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path):
+    """Read and check a checkpoint written by `save_checkpoint`; weights come back as int16
+    arrays. Raises ConfigError naming the file and what is wrong with it."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"checkpoint {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"checkpoint {path} is not readable JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{path} is not an Ember checkpoint (no \"format\": "
+                          f"\"{CHECKPOINT_FORMAT}\")")
+    if doc.get("version") != CHECKPOINT_VERSION:
+        raise ConfigError(f"checkpoint {path} has format version {doc.get('version')!r}; this "
+                          f"ember reads version {CHECKPOINT_VERSION}")
+    missing = [k for k in _CHECKPOINT_KEYS if k not in doc]
+    if missing:
+        raise ConfigError(f"checkpoint {path} lacks {', '.join(missing)}")
+    try:
+        weights = [np.asarray(w, dtype=np.int64) for w in doc["weights"]]
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"checkpoint {path}: weights are not integer matrices ({e})") from None
+    for i, w in enumerate(weights):
+        if w.ndim != 2 or w.size and (w.min() < -(1 << 15) or w.max() >= 1 << 15):
+            raise ConfigError(f"checkpoint {path}: layer {i} weights are not an int16 matrix "
+                              f"(shape {w.shape})")
+    doc["weights"] = [w.astype(np.int16) for w in weights]
+    if golden.weights_sha256(doc["weights"]) != doc["weights_sha256"]:
+        raise ConfigError(f"checkpoint {path}: the weights do not match their weights_sha256 "
+                          f"{doc['weights_sha256']} (the file was changed or damaged)")
+    doc["path"] = str(path)
+    return doc
+
+
+def _link(device):
+    """The device's link if it has one (EngineDevice: the model, sim and board backends)."""
+    link = getattr(device, "link", None)
+    return link if link is not None and isinstance(getattr(link, "seq", None), int) else None
+
+
+def _clear_counters_as(device, seq):
+    """Clear the device's counters with a frame of sequence number `seq`: the response, and so
+    the link bytes counted after the clear, are then the same as those of an earlier clear
+    with that number. The caller has read from the device since that clear, so the device
+    does not take this one for a duplicate (docs/protocol.md)."""
+    link = _link(device)
+    if link is not None and seq is not None:
+        link.seq = seq
+    device.clear_counters()
+
+
+@dataclass
+class _RunState:
+    """What changes from epoch to epoch: the part of a run a checkpoint holds."""
+    shuffle: np.random.Generator
+    smd: np.random.Generator
+    lfsr: np.random.Generator
+    slu: LayerMaskPolicy
+    epoch: int = 0                  # epochs completed
+    history: list = field(default_factory=list)
+    train_counters: dict = field(default_factory=dict)
+    eval_counters: dict = field(default_factory=dict)
+    dense_energy: float = 0.0
+    link_seq: int | None = None     # seq of the clear that ended the last epoch
+
+
+class Trainer:
+    """Runs one TrainConfig on one Device and data set.
+
+    checkpoint: a path to write a checkpoint to after every epoch (see the module docstring).
+    resume:     a checkpoint from `load_checkpoint` to go on from; it must have been written
+                with the same settings, build and data set (checked here, before the device
+                is touched).
+    notes:      a JSON-able dict stored in checkpoints as they are (e.g. the preset name).
+    """
+
+    def __init__(self, device, ds, cfg, progress=True, checkpoint=None, resume=None,
+                 notes=None):
         self.device, self.ds, self.cfg = device, ds, cfg
         self.progress = progress
+        self.checkpoint, self.resume, self.notes = checkpoint, resume, dict(notes or {})
         info = device.identify()
         self.build = spec.BUILDS.get(info["build"], spec.DEFAULT_BUILD)
+        self.build_name = info["build"]
         layers = list(cfg.layers)
         if layers[0] != ds.features:
             raise spec.ConfigError(f"network input width {layers[0]} does not match the data "
@@ -51,28 +205,116 @@ class Trainer:
         spec.check_network(layers, self.build, cfg.batch_size)
         self.layers = layers
         self.energy = energy.EnergyModel(cfg.profile, self.build)
+        self.data_sha256 = data_sha256(ds)
+        if resume is not None:
+            self._check_resume(resume)
+
+    def _check_resume(self, ckpt):
+        where = f"checkpoint {ckpt.get('path', '')}".rstrip()
+        settings = self.cfg.to_dict()
+        diff = [f"{k} {settings.get(k)!r} (checkpoint: {ckpt['settings'].get(k)!r})"
+                for k in sorted(set(settings) | set(ckpt["settings"]))
+                if settings.get(k) != ckpt["settings"].get(k)]
+        if diff:
+            raise ConfigError(f"{where} was written with other settings: {', '.join(diff)}")
+        if ckpt["build"] != self.build_name:
+            raise ConfigError(f"{where} was written on build '{ckpt['build']}'; this device is "
+                              f"build '{self.build_name}'")
+        if ckpt["data_sha256"] != self.data_sha256:
+            raise ConfigError(f"{where} was trained on other data than data set "
+                              f"'{self.cfg.dataset}' holds now (data_sha256 "
+                              f"{ckpt['data_sha256'][:12]}... vs {self.data_sha256[:12]}...)")
+        if not 1 <= ckpt["epoch"] <= self.cfg.epochs or len(ckpt["history"]) != ckpt["epoch"]:
+            raise ConfigError(f"{where} holds epoch {ckpt['epoch']} with "
+                              f"{len(ckpt['history'])} history entries; a run of "
+                              f"{self.cfg.epochs} epochs resumes from epoch 1..{self.cfg.epochs}")
+        golden.check_weights(self.layers, ckpt["weights"])
+
+    def _fresh_state(self):
+        cfg, dev = self.cfg, self.device
+        dev.configure(self.layers)
+        dev.load_weights(golden.init_weights(self.layers, [cfg.seed, STREAM_INIT]))
+        dev.clear_counters()
+        train_counters = dict.fromkeys(spec.COUNTERS, 0)
+        train_counters["skip_smd"] = 0
+        return _RunState(shuffle=rng(cfg.seed, STREAM_SHUFFLE), smd=rng(cfg.seed, STREAM_SMD),
+                         lfsr=rng(cfg.seed, STREAM_LFSR),
+                         slu=LayerMaskPolicy(cfg, len(self.layers) - 1),
+                         train_counters=train_counters,
+                         eval_counters=dict.fromkeys(spec.COUNTERS, 0))
+
+    def _resumed_state(self, ckpt):
+        """Put the device where the checkpointed run left it: weights loaded, the last
+        evaluation repeated (so the device holds what it held then), counters cleared by a
+        frame with the same sequence number as that run's last clear."""
+        cfg, dev = self.cfg, self.device
+        dev.configure(self.layers)
+        dev.load_weights(ckpt["weights"])
+        test_acc = float((dev.infer_all(self.ds.x_test) == self.ds.y_test).mean())
+        weights = dev.read_weights()
+        if golden.weights_sha256(weights) != ckpt["weights_sha256"]:
+            raise ConfigError(f"the device holds weights {golden.weights_sha256(weights)[:12]}"
+                              f"... after loading checkpoint weights "
+                              f"{ckpt['weights_sha256'][:12]}...")
+        if test_acc != ckpt["history"][-1]["test_accuracy"]:
+            raise ConfigError(f"the checkpoint's weights give test accuracy {test_acc} on this "
+                              f"device; the checkpoint recorded "
+                              f"{ckpt['history'][-1]['test_accuracy']}")
+        _clear_counters_as(dev, ckpt["link_seq"])
+        state = _RunState(shuffle=rng(cfg.seed, STREAM_SHUFFLE), smd=rng(cfg.seed, STREAM_SMD),
+                          lfsr=rng(cfg.seed, STREAM_LFSR),
+                          slu=LayerMaskPolicy(cfg, len(self.layers) - 1),
+                          epoch=ckpt["epoch"], history=[dict(h) for h in ckpt["history"]],
+                          train_counters=dict(ckpt["train_counters"]),
+                          eval_counters=dict(ckpt["eval_counters"]),
+                          dense_energy=float(ckpt["dense_energy_pj"]),
+                          link_seq=ckpt["link_seq"])
+        for name in ("shuffle", "smd", "lfsr"):
+            getattr(state, name).bit_generator.state = ckpt["rng"][name]
+        state.slu.restore(ckpt["rng"]["slu"])
+        return state
+
+    def _write_checkpoint(self, state):
+        dev = self.device
+        weights = dev.read_weights()
+        # reading the weights cost link bytes after the epoch's clear: clear again as then
+        _clear_counters_as(dev, state.link_seq)
+        save_checkpoint(self.checkpoint, {
+            "epoch": state.epoch,
+            "settings": self.cfg.to_dict(),
+            "build": self.build_name,
+            "backend": dev.backend,
+            "data_sha256": self.data_sha256,
+            "weights": weights,
+            "weights_sha256": golden.weights_sha256(weights),
+            "history": state.history,
+            "train_counters": state.train_counters,
+            "eval_counters": state.eval_counters,
+            "dense_energy_pj": state.dense_energy,
+            "rng": {"shuffle": state.shuffle.bit_generator.state,
+                    "smd": state.smd.bit_generator.state,
+                    "lfsr": state.lfsr.bit_generator.state,
+                    "slu": state.slu.state()},
+            "link_seq": state.link_seq,
+            "notes": self.notes,
+        })
 
     def run(self):
         cfg, dev, ds = self.cfg, self.device, self.ds
         start = time.perf_counter()
-        dev.configure(self.layers)
-        dev.load_weights(golden.init_weights(self.layers, [cfg.seed, STREAM_INIT]))
-        dev.clear_counters()
-        shuffle = rng(cfg.seed, STREAM_SHUFFLE)
-        smd = rng(cfg.seed, STREAM_SMD)
-        lfsr = rng(cfg.seed, STREAM_LFSR)
-        slu = LayerMaskPolicy(cfg, len(self.layers) - 1)
+        if self.resume is not None:
+            s = self._resumed_state(self.resume)
+            if self.progress:
+                print(f"resuming from {self.resume.get('path', 'a checkpoint')} after epoch "
+                      f"{s.epoch}/{cfg.epochs}", file=sys.stderr)
+        else:
+            s = self._fresh_state()
         dense_per_sample = golden.dense_macs_per_sample(self.layers)
-        train_counters = dict.fromkeys(spec.COUNTERS, 0)
-        train_counters["skip_smd"] = 0
-        eval_counters = dict.fromkeys(spec.COUNTERS, 0)
-        dense_energy = 0.0
         dense_cache = {}
-        history = []
         n = len(ds.x_train)
-        for epoch in range(cfg.epochs):
+        for epoch in range(s.epoch, cfg.epochs):
             base = epoch_settings(cfg, epoch)
-            order = shuffle.permutation(n)
+            order = s.shuffle.permutation(n)
             starts = range(0, n, cfg.batch_size)
             bar = _progress(starts, epoch, cfg.epochs, self.progress)
             correct = seen = dropped = 0
@@ -81,31 +323,39 @@ class Trainer:
                 b = len(idx)
                 if b not in dense_cache:
                     dense_cache[b] = self.energy.total(dense_counters(self.layers, self.build, b))
-                dense_energy += dense_cache[b]
-                if cfg.smd > 0 and smd.random() < cfg.smd:
+                s.dense_energy += dense_cache[b]
+                if cfg.smd > 0 and s.smd.random() < cfg.smd:
                     dropped += 1
-                    train_counters["skip_smd"] += b * dense_per_sample
+                    s.train_counters["skip_smd"] += b * dense_per_sample
                     continue
-                settings = with_batch(base, slu.next_mask(), int(lfsr.integers(1, 1 << 16)))
+                settings = with_batch(base, s.slu.next_mask(), int(s.lfsr.integers(1, 1 << 16)))
                 correct += dev.train_batch(ds.x_train[idx], ds.y_train[idx], settings)
                 seen += b
-            add_counters(train_counters, dev.take_counters())
+            add_counters(s.train_counters, dev.take_counters())
             test_acc = float((dev.infer_all(ds.x_test) == ds.y_test).mean())
-            add_counters(eval_counters, dev.take_counters())
-            spent = self.energy.total(train_counters)
-            history.append({
+            # take_counters, noting the clear's sequence number for _clear_counters_as
+            add_counters(s.eval_counters, dev.read_counters())
+            link = _link(dev)
+            s.link_seq = link.seq if link is not None else None
+            dev.clear_counters()
+            spent = self.energy.total(s.train_counters)
+            s.history.append({
                 "epoch": epoch + 1,
                 "train_accuracy": correct / seen if seen else None,
                 "test_accuracy": test_acc,
                 "batches_dropped": dropped,
                 "energy_pj": spent,
-                "dense_energy_pj": dense_energy,
+                "dense_energy_pj": s.dense_energy,
                 "keep_q8": base.keep_q8, "lr_shift": base.lr_shift,
                 "psg_step_shift": base.psg_step_shift,
             })
+            s.epoch = epoch + 1
             if self.progress:
-                _log(history[-1])
+                _log(s.history[-1])
+            if self.checkpoint:
+                self._write_checkpoint(s)
         weights = dev.read_weights()
+        train_counters, dense_energy, history = s.train_counters, s.dense_energy, s.history
         spent = self.energy.total(train_counters)
         last = history[-1]
         return {
@@ -116,7 +366,7 @@ class Trainer:
             "train_accuracy": last["train_accuracy"],
             "test_accuracy": last["test_accuracy"],
             "counters": train_counters,
-            "eval_counters": eval_counters,
+            "eval_counters": s.eval_counters,
             "profile": self.energy.name,
             "energy_pj": spent,
             "energy_breakdown": self.energy.grouped(train_counters),
@@ -140,11 +390,11 @@ def _progress(it, epoch, epochs, enabled):
         from tqdm import tqdm
     except ImportError:        # tqdm is a declared dependency; a bare environment still trains
         return it
-    return tqdm(it, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False)
+    # disable=None: no bar when stderr is not a terminal (logs, CI)
+    return tqdm(it, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False, disable=None)
 
 
 def _log(h):
-    import sys
     tr = "   -  " if h["train_accuracy"] is None else f"{100 * h['train_accuracy']:5.1f}%"
     print(f"epoch {h['epoch']:3d}  train {tr}  test {100 * h['test_accuracy']:5.1f}%  "
           f"energy {h['energy_pj'] / 1e6:9.2f} uJ  ({100 * (1 - h['energy_pj'] / h['dense_energy_pj']):4.1f}% saved)"
