@@ -8,12 +8,21 @@ STAMP  := $(VENV)/.ember-installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: help train test bench clean distclean
+BOARD  ?= icebreaker
+SEED   ?= 1
+ICEPROG ?= iceprog
+OPENFPGALOADER ?= openFPGALoader
+BITSTREAM_icebreaker := build/icebreaker/top.bin
+BITSTREAM_ulx3s      := build/ulx3s/top.bit
+
+.PHONY: help train test bench bitstream prog clean distclean
 
 help:
 	@echo "make train   train 64-32-10 on digits with E2-Train settings, report energy"
 	@echo "make test    run the test suite"
 	@echo "make bench   run the benchmarks (build/bench/)"
+	@echo "make bitstream BOARD=icebreaker|ulx3s   build a bitstream and build/BOARD/report.json"
+	@echo "make prog BOARD=icebreaker|ulx3s        program a connected board"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,8 +38,34 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m ember.bench $(ARGS)
 
+bitstream: $(STAMP)
+	$(BIN)/python -m ember_boards.build --board $(BOARD) --seed $(SEED) --out build/$(BOARD)
+
+prog:
+	@test -f "$(BITSTREAM_$(BOARD))" || { echo "no bitstream for BOARD=$(BOARD); run make bitstream BOARD=$(BOARD) first" >&2; exit 1; }
+ifeq ($(BOARD),ulx3s)
+	$(OPENFPGALOADER) -b ulx3s $(BITSTREAM_ulx3s)
+else ifeq ($(BOARD),icebreaker)
+	$(ICEPROG) $(BITSTREAM_icebreaker)
+else
+	$(error BOARD must be icebreaker or ulx3s, not '$(BOARD)')
+endif
+
 clean:
 	rm -rf build .pytest_cache sim_build
 
-distclean: clean
+distbitstream: $(STAMP)
+	$(BIN)/python -m ember_boards.build --board $(BOARD) --seed $(SEED) --out build/$(BOARD)
+
+prog:
+	@test -f "$(BITSTREAM_$(BOARD))" || { echo "no bitstream for BOARD=$(BOARD); run make bitstream BOARD=$(BOARD) first" >&2; exit 1; }
+ifeq ($(BOARD),ulx3s)
+	$(OPENFPGALOADER) -b ulx3s $(BITSTREAM_ulx3s)
+else ifeq ($(BOARD),icebreaker)
+	$(ICEPROG) $(BITSTREAM_icebreaker)
+else
+	$(error BOARD must be icebreaker or ulx3s, not '$(BOARD)')
+endif
+
+clean: clean
 	rm -rf $(VENV) *.egg-info host/*.egg-info

@@ -1,0 +1,69 @@
+"""iCEBreaker (iCE40UP5K-SG48) top: the engine at spec.BUILDS["icebreaker"] behind an SB_PLL40_PAD.
+
+Clock: the board's 12 MHz oscillator enters on pin 35, the PLL's own input pad, so the PLL is an
+SB_PLL40_PAD (the pad drives the PLL directly and leaves the global buffer to its output).
+`ice40_pll(12 MHz, build.clock_hz)` picks the dividers; for the 36 MHz target that is
+DIVR=0, DIVF=47, DIVQ=4, FILTER_RANGE=1: 12 MHz x 48 = 576 MHz VCO / 16 = 36.000 MHz exactly.
+
+UART: the FTDI's second channel (pins 6 rx, 9 tx) at spec.DEFAULT_BAUD.
+LEDs: red (pin 11) busy, green (pin 37) heartbeat, and the snap-off board's LED 2 (PMOD2 pin 7)
+link_busy; if the snap-off board is detached that pin is simply an unused PMOD output.
+"""
+
+from amaranth import Elaboratable, Instance, Module, Signal
+from amaranth_boards.icebreaker import ICEBreakerPlatform
+
+from ember import spec
+
+from .common import engine_domain, engine_on_uart, hold_cycles_for, output_pin
+from .pll import ice40_pll
+
+__all__ = ["BOARD", "ICEBreakerTop", "platform"]
+
+BOARD = "icebreaker"
+#: The board oscillator (ICEBreakerPlatform's "clk12").
+BOARD_CLOCK_HZ = 12_000_000
+
+
+def platform():
+    """The iCEBreaker platform with the snap-off LED board's resources added."""
+    plat = ICEBreakerPlatform()
+    plat.add_resources(plat.break_off_pmod)
+    return plat
+
+
+class ICEBreakerTop(Elaboratable):
+    """The engine on an iCEBreaker.
+
+    build: the engine build (default spec.BUILDS["icebreaker"]); its clock_hz is the PLL target.
+    Attribute ``pll``: the PllConfig used; ``clock_hz``: the engine clock it gives.
+    """
+
+    def __init__(self, build=spec.BUILDS[BOARD]):
+        self.build = build
+        self.pll = ice40_pll(BOARD_CLOCK_HZ, build.clock_hz)
+        self.clock_hz = self.pll.f_out_hz
+
+    def elaborate(self, platform):
+        m = Module()
+        clk_pin = platform.request("clk12", 0, dir="-")
+        pll_clk = Signal()
+        pll_lock = Signal()
+        prm = self.pll.params
+        m.submodules.pll = Instance(
+            "SB_PLL40_PAD",
+            p_FEEDBACK_PATH="SIMPLE",
+            p_DIVR=prm["DIVR"], p_DIVF=prm["DIVF"], p_DIVQ=prm["DIVQ"],
+            p_FILTER_RANGE=prm["FILTER_RANGE"],
+            i_PACKAGEPIN=clk_pin.io,
+            i_RESETB=1, i_BYPASS=0,
+            o_PLLOUTGLOBAL=pll_clk, o_LOCK=pll_lock,
+        )
+        # nextpnr derives the engine clock's constraint from the PLL's dividers and the board
+        # clock's constraint (its log: "Derived frequency constraint ... for net clk")
+        engine_domain(m, pll_clk, pll_lock, hold_cycles_for(self.clock_hz))
+        leds = {"busy": output_pin(m, platform, "led_r", 0),
+                "heartbeat": output_pin(m, platform, "led_g", 0),
+                "link_busy": output_pin(m, platform, "led_r", 1)}
+        engine_on_uart(m, platform, self.build, self.clock_hz, leds)
+        return m

@@ -1,0 +1,88 @@
+"""ULX3S (ECP5 LFE5U-85F) top: the engine at spec.BUILDS["ulx3s"] behind an EHXPLLL.
+
+Clock: the board's 25 MHz oscillator (pin G2) feeds an EHXPLLL with CLKOP fed back.
+`ecp5_pll(25 MHz, build.clock_hz)` picks the dividers; for the 100 MHz target that is
+CLKI_DIV=1, CLKFB_DIV=4, CLKOP_DIV=6: 25 MHz x 4 = 100.000 MHz exactly, VCO 600 MHz.
+
+UART: the FTDI (FPGA pins M1 rx, L4 tx) at spec.DEFAULT_BAUD.
+LEDs: LED 0 busy, LED 1 link_busy, LED 7 heartbeat.
+
+`EmberULX3SPlatform` is ULX3S_85F_Platform without openFPGALoader among its required tools:
+amaranth-boards lists it even when nothing is programmed, and building a bitstream must not
+need a programmer installed. Programming (``make prog``) calls openFPGALoader itself, and the
+platform's own `toolchain_program` (``do_program=True``) still looks it up when it runs.
+"""
+
+from amaranth import Elaboratable, Instance, Module, Signal
+from amaranth.lib import io
+from amaranth_boards.ulx3s import ULX3S_85F_Platform
+
+from ember import spec
+
+from .common import engine_domain, engine_on_uart, hold_cycles_for, output_pin
+from .pll import ecp5_pll
+
+__all__ = ["BOARD", "EmberULX3SPlatform", "ULX3STop", "platform"]
+
+BOARD = "ulx3s"
+#: The board oscillator (ULX3S platform's "clk25").
+BOARD_CLOCK_HZ = 25_000_000
+
+
+class EmberULX3SPlatform(ULX3S_85F_Platform):
+    """ULX3S-85F that builds without openFPGALoader (see the module docstring)."""
+
+    @property
+    def required_tools(self):
+        return [tool for tool in super().required_tools if tool != "openFPGALoader"]
+
+
+def platform():
+    """The ULX3S-85F platform used for Ember builds."""
+    return EmberULX3SPlatform()
+
+
+class ULX3STop(Elaboratable):
+    """The engine on a ULX3S-85F.
+
+    build: the engine build (default spec.BUILDS["ulx3s"]); its clock_hz is the PLL target.
+    Attribute ``pll``: the PllConfig used; ``clock_hz``: the engine clock it gives.
+    """
+
+    def __init__(self, build=spec.BUILDS[BOARD]):
+        self.build = build
+        self.pll = ecp5_pll(BOARD_CLOCK_HZ, build.clock_hz)
+        self.clock_hz = self.pll.f_out_hz
+
+    def elaborate(self, platform):
+        m = Module()
+        clk_pin = platform.request("clk25", 0, dir="-")
+        m.submodules.clk25_buf = clk25_buf = io.Buffer("i", clk_pin)
+        pll_clk = Signal()
+        pll_lock = Signal()
+        prm = self.pll.params
+        m.submodules.pll = Instance(
+            "EHXPLLL",
+            # the loop-filter settings ecppll (prjtrellis) emits for every configuration
+            a_FREQUENCY_PIN_CLKI=f"{BOARD_CLOCK_HZ / 1e6:g}",
+            a_FREQUENCY_PIN_CLKOP=f"{self.clock_hz / 1e6:g}",
+            a_ICP_CURRENT="12", a_LPF_RESISTOR="8",
+            a_MFG_ENABLE_FILTEROPAMP="1", a_MFG_GMCREF_SEL="2",
+            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
+            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA",
+            p_CLKOP_ENABLE="ENABLED", p_FEEDBK_PATH="CLKOP",
+            p_CLKI_DIV=prm["CLKI_DIV"], p_CLKFB_DIV=prm["CLKFB_DIV"],
+            p_CLKOP_DIV=prm["CLKOP_DIV"], p_CLKOP_CPHASE=prm["CLKOP_CPHASE"], p_CLKOP_FPHASE=0,
+            i_CLKI=clk25_buf.i, i_CLKFB=pll_clk,
+            i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=0, i_PHASESTEP=0,
+            i_PHASELOADREG=0, i_PLLWAKESYNC=0, i_ENCLKOP=0,
+            o_CLKOP=pll_clk, o_LOCK=pll_lock,
+        )
+        # nextpnr derives the engine clock's constraint from the PLL's dividers and the board
+        # clock's constraint (its log: "Derived frequency constraint ... for net clk")
+        engine_domain(m, pll_clk, pll_lock, hold_cycles_for(self.clock_hz))
+        leds = {"busy": output_pin(m, platform, "led", 0),
+                "link_busy": output_pin(m, platform, "led", 1),
+                "heartbeat": output_pin(m, platform, "led", 7)}
+        engine_on_uart(m, platform, self.build, self.clock_hz, leds)
+        return m
