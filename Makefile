@@ -54,18 +54,5 @@ endif
 clean:
 	rm -rf build .pytest_cache sim_build
 
-distbitstream: $(STAMP)
-	$(BIN)/python -m ember_boards.build --board $(BOARD) --seed $(SEED) --out build/$(BOARD)
-
-prog:
-	@test -f "$(BITSTREAM_$(BOARD))" || { echo "no bitstream for BOARD=$(BOARD); run make bitstream BOARD=$(BOARD) first" >&2; exit 1; }
-ifeq ($(BOARD),ulx3s)
-	$(OPENFPGALOADER) -b ulx3s $(BITSTREAM_ulx3s)
-else ifeq ($(BOARD),icebreaker)
-	$(ICEPROG) $(BITSTREAM_icebreaker)
-else
-	$(error BOARD must be icebreaker or ulx3s, not '$(BOARD)')
-endif
-
-clean: clean
+distclean: clean
 	rm -rf $(VENV) *.egg-info host/*.egg-info
