@@ -181,6 +181,17 @@ class EngineCore(wiring.Component):
         def err(name):
             return [bus.err.eq(1), bus.r_data.eq(code[name])]
 
+        def setting(sig):
+            """A read-write setting: written only while no command runs."""
+            with m.If(wr):
+                with m.If(busy):
+                    m.d.comb += err("busy")
+                with m.Else():
+                    m.d.sync += sig.eq(bus.w_data)
+                    m.d.comb += ack()
+            with m.Else():
+                m.d.comb += ack(sig)
+
         # the master drops its strobe in the cycle after an answer (bus contract)
         active = Signal()
         m.d.comb += active.eq(bus.w_stb | bus.r_stb)
@@ -229,28 +240,11 @@ class EngineCore(wiring.Component):
                                         with m.Else():
                                             m.d.comb += ack(0)
                                     else:
-                                        sig = rw_regs[name]
-                                        with m.If(wr):
-                                            with m.If(busy):
-                                                m.d.comb += err("busy")
-                                            with m.Else():
-                                                m.d.sync += sig.eq(bus.w_data)
-                                                m.d.comb += ack()
-                                        with m.Else():
-                                            m.d.comb += ack(sig)
+                                        setting(rw_regs[name])
                             for l in range(L):
                                 for f, fname in enumerate(spec.LAYER_FIELDS):
-                                    off = spec.LAYER_BASE + l * spec.LAYER_STRIDE + f
-                                    with m.Case(off):
-                                        sig = fields[fname][l]
-                                        with m.If(wr):
-                                            with m.If(busy):
-                                                m.d.comb += err("busy")
-                                            with m.Else():
-                                                m.d.sync += sig.eq(bus.w_data)
-                                                m.d.comb += ack()
-                                        with m.Else():
-                                            m.d.comb += ack(sig)
+                                    with m.Case(spec.LAYER_BASE + l * spec.LAYER_STRIDE + f):
+                                        setting(fields[fname][l])
                             with m.Default():
                                 m.d.comb += err("out_of_range")
                     with m.Elif(bus.addr[12:spec.REGION_BITS] == 1):

@@ -23,6 +23,22 @@ from ember_sim import clock, rtl
 MIN_STEP, MAX_STEP = 64, 4096
 
 
+async def drain(dut, count):
+    """Pop `count` bytes the engine sent (called at a falling edge); returns them and the
+    cycles it took."""
+    out = bytearray()
+    cycles = 0
+    while len(out) < count:
+        ready = int(dut.host_r_rdy.value)
+        if ready:
+            out.append(int(dut.host_r_data.value))
+        dut.host_r_en.value = ready
+        await FallingEdge(dut.clk)
+        cycles += 1
+    dut.host_r_en.value = 0
+    return bytes(out), cycles
+
+
 @cocotb.test()
 async def serve(dut):
     case = rtl.load_case()
@@ -70,15 +86,8 @@ async def serve(dut):
             moved = True
         level = int(dut.host_r_level.value)
         if level:
-            out = bytearray()
-            while len(out) < level:
-                ready = int(dut.host_r_rdy.value)
-                if ready:
-                    out.append(int(dut.host_r_data.value))
-                dut.host_r_en.value = ready
-                await FallingEdge(dut.clk)
-                cycles += 1
-            dut.host_r_en.value = 0
+            out, spent = await drain(dut, level)
+            cycles += spent
             try:
                 conn.sendall(bytes(out))
             except (BrokenPipeError, ConnectionResetError):
@@ -144,15 +153,7 @@ async def answers_a_frame(dut):
             break
     for _ in range(100):                     # the rest of the response
         await FallingEdge(dut.clk)
-    level = int(dut.host_r_level.value)
-    out = bytearray()
-    while len(out) < level:
-        ready = int(dut.host_r_rdy.value)
-        if ready:
-            out.append(int(dut.host_r_data.value))
-        dut.host_r_en.value = ready
-        await FallingEdge(dut.clk)
-    dut.host_r_en.value = 0
+    out, _ = await drain(dut, int(dut.host_r_level.value))
     payloads = protocol.SlipDecoder().feed(bytes(out))
     assert payloads, f"no response frame in {bytes(out)!r} (level {level})"
     response = protocol.decode_response(payloads[0])
