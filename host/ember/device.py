@@ -9,6 +9,8 @@ Every backend validates its arguments before touching the device, so a rejected 
 the device unchanged.
 """
 
+import abc
+
 import numpy as np
 
 from . import __version__, golden, regmap, spec
@@ -18,37 +20,43 @@ from .spec import ConfigError, StepSettings
 BACKENDS = ("model", "sim", "board")
 
 
-class Device:
+class Device(abc.ABC):
     """What every backend provides. Counters are cumulative until `clear_counters`."""
 
     backend = None
 
+    @abc.abstractmethod
     def identify(self):
         """The build: name, lanes, memory sizes, limits, feature flags, version."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def configure(self, layers, shifts=None):
-        raise NotImplementedError
+        """Set the network (widths, input first) and optional per-layer forward shifts;
+        the weights become zero."""
 
+    @abc.abstractmethod
     def load_weights(self, weights):
-        raise NotImplementedError
+        """Replace all weights (int16 Q1.14 matrices, one (N, K) per layer)."""
 
+    @abc.abstractmethod
     def read_weights(self):
-        raise NotImplementedError
+        """The weights as int16 matrices, one (N, K) per layer."""
 
+    @abc.abstractmethod
     def train_batch(self, x, y, settings=StepSettings()):
         """Train on one batch; returns how many samples the forward pass got right."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def infer(self, x):
         """Predicted class of every sample of a batch (at most identify()['max_batch'])."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def read_counters(self):
-        raise NotImplementedError
+        """Every event counter of spec.COUNTERS, by name."""
 
+    @abc.abstractmethod
     def clear_counters(self):
-        raise NotImplementedError
+        """Set every counter to zero."""
 
     def close(self):
         pass
