@@ -246,3 +246,19 @@ def test_missing_iverilog_is_reported_and_nothing_left_running(tmp_path, monkeyp
     assert len(started) == 1 and started[0].poll() is not None
     with pytest.raises(ProcessLookupError):                  # its process group is empty
         os.killpg(started[0].pid, 0)
+
+
+def test_cli_reports_a_dead_link_without_a_traceback(monkeypatch, capsys):
+    """A device that stops answering mid-run: exit code 3 and a one-line link error."""
+    from ember import cli, device
+    from ember.protocol import LinkError
+
+    def dead(*args, **kwargs):
+        raise LinkError("read of 1 words at 0x000011 failed: no valid response to seq 7 after "
+                        "6 attempts (last: no response within 0.6 s)", "no_response", 7)
+
+    monkeypatch.setattr(device.EngineDevice, "train_batch", dead)
+    assert cli.main(["train", "--quiet", "--epochs", "1"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("ember: link error: read of 1 words at 0x000011 failed")
+    assert "Traceback" not in err

@@ -11,6 +11,7 @@ from .device import BACKENDS, open_device
 from .policies import (KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SSPROP_VARIANTS, TrainConfig,
                        make_config)
 from .reference import train_float
+from .protocol import LinkError
 from .spec import ConfigError
 from .trainer import Trainer, load_checkpoint
 
@@ -210,6 +211,10 @@ def main(argv=None):
     except ConfigError as e:
         print(f"ember: error: {e}", file=sys.stderr)
         return 2
+    except LinkError as e:
+        # the device stopped answering or refused a request: say which, without a traceback
+        print(f"ember: link error: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         hint = ""
         if getattr(args, "checkpoint", None) and os.path.exists(args.checkpoint):
