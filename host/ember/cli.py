@@ -10,8 +10,8 @@ from . import __version__, data, plot, spec
 from .device import BACKENDS, open_device
 from .policies import (KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SSPROP_VARIANTS, TrainConfig,
                        make_config)
-from .reference import train_float
 from .protocol import LinkError
+from .reference import train_float
 from .spec import ConfigError
 from .trainer import Trainer, load_checkpoint
 
