@@ -11,6 +11,11 @@ from .golden import GoldenModel
 from .spec import StepSettings
 
 _STATUS = spec.LINK_STATUS
+# region numbers (the address bits above REGION_BITS) and the small regions' ends, from the map
+_REGION = {name: base >> spec.REGION_BITS for name, (base, _) in spec.ADDRESS_MAP.items()}
+_REGS_END = sum(spec.ADDRESS_MAP["regs"])
+_COUNTERS_BASE, _COUNTERS_WORDS = spec.ADDRESS_MAP["counters"]
+_COUNTERS_END = _COUNTERS_BASE + _COUNTERS_WORDS
 
 
 class BusError(Exception):
@@ -47,7 +52,7 @@ class VirtualEngine:
     def read(self, addr):
         region, off = addr >> spec.REGION_BITS, addr & ((1 << spec.REGION_BITS) - 1)
         P = self.build.lanes
-        if region == 0 and off < 0x1000:
+        if region == _REGION["regs"] and off < _REGS_END:
             if off in self._by_offset:
                 name, mode = self._by_offset[off]
                 if mode == "ro":
@@ -55,32 +60,32 @@ class VirtualEngine:
                 return 0 if mode == "wo" else self.regs[name]
             layer, field = self._layer_field(off)
             return self.layer[layer][field]
-        if region == 0 and off < 0x2000:
-            idx = (off - 0x1000) >> 1
+        if region == _REGION["counters"] and off < _COUNTERS_END:
+            idx = (off - _COUNTERS_BASE) >> 1
             if idx >= len(spec.COUNTERS):
                 raise BusError("out_of_range")
             value = self.counters()[spec.COUNTERS[idx]]
             return (value >> 32) if off & 1 else value & 0xFFFFFFFF
-        if region == 1:
+        if region == _REGION["weights"]:
             word, pair = divmod(off * 2, P)
             if word >= self.build.weight_words:
                 raise BusError("out_of_range")
             lo, hi = self.weights[word, pair], self.weights[word, pair + 1]
             return int(lo & 0xFFFF) | (int(hi & 0xFFFF) << 16)
-        if region == 2:
+        if region == _REGION["acts"]:
             raise BusError("out_of_range" if off >= (self.build.act_bytes + 3) // 4
                            else "bad_value")
-        if region in (3, 4):
+        if region in (_REGION["labels"], _REGION["predictions"]):
             if off >= (self.build.max_batch + 1) // 2:
                 raise BusError("out_of_range")
-            mem = self.labels if region == 3 else self.predictions
+            mem = self.labels if region == _REGION["labels"] else self.predictions
             return int(mem[2 * off] & 0xFFFF) | (int(mem[2 * off + 1] & 0xFFFF) << 16)
         raise BusError("out_of_range")
 
     def write(self, addr, value):
         region, off = addr >> spec.REGION_BITS, addr & ((1 << spec.REGION_BITS) - 1)
         P = self.build.lanes
-        if region == 0 and off < 0x1000:
+        if region == _REGION["regs"] and off < _REGS_END:
             if off in self._by_offset:
                 name, mode = self._by_offset[off]
                 if mode == "ro":
@@ -92,16 +97,16 @@ class VirtualEngine:
             layer, field = self._layer_field(off)
             self.layer[layer][field] = value
             return
-        if region == 0 and off < 0x2000:
+        if region == _REGION["counters"] and off < _COUNTERS_END:
             raise BusError("out_of_range")
-        if region == 1:
+        if region == _REGION["weights"]:
             word, pair = divmod(off * 2, P)
             if word >= self.build.weight_words:
                 raise BusError("out_of_range")
             self.weights[word, pair] = _s16(value & 0xFFFF)
             self.weights[word, pair + 1] = _s16(value >> 16)
             return
-        if region == 2:
+        if region == _REGION["acts"]:
             if off >= (self.build.act_bytes + 3) // 4:
                 raise BusError("out_of_range")
             limit = self.regs["batch"] * self.layer[0]["inputs"]
@@ -109,12 +114,12 @@ class VirtualEngine:
                 if 4 * off + i < limit:
                     self.acts[4 * off + i] = (value >> (8 * i)) & 0xFF
             return
-        if region == 3:
+        if region == _REGION["labels"]:
             if off >= (self.build.max_batch + 1) // 2:
                 raise BusError("out_of_range")
             self.labels[2 * off], self.labels[2 * off + 1] = value & 0xFFFF, value >> 16
             return
-        if region == 4:
+        if region == _REGION["predictions"]:
             raise BusError("out_of_range" if off >= (self.build.max_batch + 1) // 2
                            else "bad_value")
         raise BusError("out_of_range")
