@@ -31,6 +31,7 @@ from amaranth.lib.wiring import In, Out
 from ember import spec
 
 from .bus import BusSignature
+from .counters import CounterFile
 from .loss import SoftmaxGradUnit
 from .select import ChannelSelector, Lfsr16
 
@@ -126,15 +127,20 @@ class EngineCore(wiring.Component):
         label = Signal(16)
 
         # ---------------------------------------------------------------- counters
-        cnt = {name: Signal(spec.COUNTER_BITS, name=f"cnt_{name}") for name in spec.COUNTERS}
-        inc = {name: Signal(32, name=f"inc_{name}") for name in spec.COUNTERS}
+        # the largest amount each counter can take in one cycle sizes its pre-counter
+        bnk = bld.max_batch * bld.max_width * bld.max_width
+        bounds = {name: 1 for name in spec.COUNTERS}
+        bounds.update({name: P for name in (
+            "mac_forward", "mac_input_grad", "mac_weight_grad", "mac_weight_grad_low",
+            "weight_reads", "weight_writes", "grad_lane_reads", "grad_msb_lane_reads")})
+        bounds.update(samples=bld.max_batch, infer_samples=bld.max_batch,
+                      loss_elements=bld.max_width, skip_zero=max(P, bld.max_width),
+                      skip_psg=P * bld.max_batch, skip_slu=2 * bnk, skip_ssprop=2 * bnk)
+        m.submodules.counters = counters = CounterFile(bounds)
+        inc = {name: getattr(counters.inc, name) for name in spec.COUNTERS}
         clear_counters = Signal()
-        for name in spec.COUNTERS:
-            with m.If(clear_counters):
-                m.d.sync += cnt[name].eq(0)
-            with m.Else():
-                m.d.sync += cnt[name].eq(cnt[name] + inc[name])
-        m.d.comb += [inc["link_rx_bytes"].eq(self.link_rx), inc["link_tx_bytes"].eq(self.link_tx)]
+        m.d.comb += [counters.clear.eq(clear_counters),
+                     inc["link_rx_bytes"].eq(self.link_rx), inc["link_tx_bytes"].eq(self.link_tx)]
 
         def count(name, amount=1):
             return inc[name].eq(amount)
@@ -253,13 +259,15 @@ class EngineCore(wiring.Component):
                         with m.If(wr):
                             m.d.comb += err("out_of_range")
                         with m.Else():
-                            with m.Switch(idx):
-                                for i, name in enumerate(spec.COUNTERS):
-                                    with m.Case(i):
-                                        m.d.comb += ack(Mux(bus.addr[0], cnt[name][32:],
-                                                            cnt[name][:32]))
-                                with m.Default():
-                                    m.d.comb += err("out_of_range")
+                            with m.If(idx >= len(spec.COUNTERS)):
+                                m.d.comb += err("out_of_range")
+                            with m.Else():
+                                m.d.comb += [counters.read_req.eq(1),
+                                             counters.read_index.eq(idx)]
+                                with m.If(counters.read_valid):
+                                    m.d.comb += ack(Mux(bus.addr[0],
+                                                        counters.read_data[32:],
+                                                        counters.read_data[:32]))
                     with m.Else():
                         m.d.comb += err("out_of_range")
                 with m.Case(regions["weights"]):

@@ -1,0 +1,69 @@
+"""Synthesis-only area of the engine core: what each engine build costs on an FPGA family,
+in minutes instead of a full place and route.
+
+    python -m ember_boards.area --build icebreaker [--family ice40] [--json out.json]
+
+Converts ``EngineCore(spec.BUILDS[build])`` to RTLIL, runs ``synth_ice40 -dsp`` (or
+``synth_ecp5``) on YoWASP Yosys and prints the cell counts of the flattened design (SB_LUT4,
+SB_CARRY, SB_DFF*, SB_MAC16, SB_RAM40_4K, SB_SPRAM256KA; or LUT4, CCU2C, TRELLIS_FF,
+MULT18X18D, DP16KD). docs/boards.md quotes these figures.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ember import spec
+
+from .build import _yosys_cells, _yowasp_environment
+
+FAMILIES = {"ice40": "synth_ice40 -dsp -top top", "ecp5": "synth_ecp5 -top top"}
+DEFAULT_FAMILY = {"icebreaker": "ice40", "tiny": "ice40", "ulx3s": "ecp5", "sim": "ecp5"}
+
+
+def core_rtlil(build):
+    from amaranth.back import rtlil
+    from ember_hw.engine import EngineCore
+    return rtlil.convert(EngineCore(build), name="top")
+
+
+def synthesize(build, family):
+    """Cell counts (dict) of the engine core of `build` synthesized for `family`."""
+    _yowasp_environment()
+    # YoWASP tools see the working directory tree only: work in a directory below it
+    with tempfile.TemporaryDirectory(dir=Path.cwd(), prefix=".area-") as tmp:
+        tmp = Path(tmp).relative_to(Path.cwd())
+        (tmp / "core.il").write_text(core_rtlil(build))
+        script = f"read_rtlil {tmp / 'core.il'}; {FAMILIES[family]}; stat"
+        out = subprocess.run([os.environ["YOSYS"], "-q", "-l", str(tmp / "yosys.log"),
+                              "-p", script], capture_output=True, text=True)
+        log = (tmp / "yosys.log").read_text() if (tmp / "yosys.log").exists() else ""
+        if out.returncode != 0:
+            raise RuntimeError(f"yosys failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return _yosys_cells(log)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m ember_boards.area", description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="icebreaker", choices=sorted(spec.BUILDS))
+    ap.add_argument("--family", choices=sorted(FAMILIES))
+    ap.add_argument("--json", help="also write the counts to this file")
+    args = ap.parse_args(argv)
+    family = args.family or DEFAULT_FAMILY.get(args.build, "ice40")
+    t0 = time.monotonic()
+    cells = synthesize(spec.BUILDS[args.build], family)
+    result = {"build": args.build, "family": family, "cells": cells,
+              "seconds": round(time.monotonic() - t0, 1)}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
