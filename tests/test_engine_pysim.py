@@ -35,8 +35,11 @@ def check_against_golden(layers, batch, steps, seed=0, build=SMALL, infer=False,
             result["pred"] = await s.infer(batches[0][0])
         result["weights"] = await s.weights()
         result["counters"] = await s.counters()
+        # the weight memory may be single-ported (SPRAM): never a read and a write in one cycle
+        result["weight_conflict"] = ctx.get(dut.wmem.conflict)
 
     run_testbench(dut, body)
+    assert result["weight_conflict"] == 0, "the engine read and wrote weights in one cycle"
     correct = [g.train_batch(x, y, st) for x, y, st in batches]
     pred = g.infer(batches[0][0]) if infer else None
     for l, (a, b) in enumerate(zip(result["weights"], g.weights)):

@@ -109,6 +109,11 @@ EXACT_COUNTERS = tuple(c for c in COUNTERS if c not in CYCLE_COUNTERS)
 SKIP_REASONS = ("smd", "slu", "ssprop", "psg", "zero")
 COUNTER_BITS = 48
 
+# --- iCE40 UltraPlus single-port RAM (the weight memory's SPRAM path, Build.weight_spram) ---------
+#: One SB_SPRAM256KA is 16384 words of 16 bits: one weight lane. The iCE40UP5K has four.
+SPRAM_WORDS = 16384
+SPRAM_BLOCKS = 4
+
 
 @dataclass(frozen=True)
 class Build:
@@ -122,6 +127,11 @@ class Build:
     scratch_entries: 32-bit raw input-gradient (dX) entries for a whole batch.
     max_batch:       largest batch one train command accepts.
     clock_hz:        engine clock, for cycle-to-time conversion.
+    weight_spram:    keep the weight memory in iCE40 UltraPlus SPRAM (one SB_SPRAM256KA per
+                     lane, so lanes <= SPRAM_BLOCKS and weight_words <= SPRAM_WORDS) instead of
+                     a generic memory (block RAM). Only the iCE40UP bitstream and RTL
+                     simulation with Yosys's cell models (ember_sim adds them) can take such
+                     a build, not the Amaranth simulator nor the ECP5. See ember_hw.weights.
     """
     name: str = "sim"
     lanes: int = 8
@@ -133,11 +143,16 @@ class Build:
     max_layers: int = MAX_LAYERS
     max_width: int = 1024
     clock_hz: int = 48_000_000
+    weight_spram: bool = False
     features: tuple = field(default=("psg", "slu", "ssprop", "zero_skip", "ssprop_random"))
 
     def __post_init__(self):
         if self.lanes < 2 or self.lanes & (self.lanes - 1):
             raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
+        if self.weight_spram and (self.lanes > SPRAM_BLOCKS or self.weight_words > SPRAM_WORDS):
+            raise ConfigError(f"build '{self.name}': weights in SPRAM take one SB_SPRAM256KA per "
+                              f"lane and at most {SPRAM_WORDS} words; lanes {self.lanes} (at most "
+                              f"{SPRAM_BLOCKS}), weight_words {self.weight_words}")
 
     def blocks(self, width):
         return -(-width // self.lanes)
@@ -161,9 +176,10 @@ class Build:
 
 BUILDS = {
     "sim": Build(),
-    "icebreaker": Build(name="icebreaker", lanes=8, weight_words=4096, act_bytes=4096,
+    # weights in the UP5K's four SPRAMs: 4 lanes x 16K words (64K weights), no weight block RAM
+    "icebreaker": Build(name="icebreaker", lanes=4, weight_words=SPRAM_WORDS, act_bytes=4096,
                         grad_words=512, scratch_entries=2048, max_batch=32, max_width=256,
-                        clock_hz=36_000_000),
+                        clock_hz=36_000_000, weight_spram=True),
     # a small build for fast RTL tests (Icarus included)
     "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
                   scratch_entries=256, max_batch=8, max_layers=4, max_width=64,

@@ -8,7 +8,8 @@ and counts follows docs/numerics.md and the golden model (ember.golden) exactly.
 Datapath, for a build with P lanes (spec.Build):
 
 - weight memory: P lanes x 16 bits per word; layer l's block j (outputs jP..jP+P-1) for input k
-  is word weight_base + j*K + k;
+  is word weight_base + j*K + k (ember_hw.weights: block RAM, or one SPRAM per lane on the
+  iCE40UP, never read and written in the same cycle);
 - activation memory: bytes; layer l's input for sample b, index k at act_base + b*K + k;
 - gradient memory: P lanes x 16 bits, two halves; dY of a layer for sample b, block j at word
   half_base + b*ceil(N/P) + j (the output layer's logits sit there too, and the loss unit
@@ -34,6 +35,7 @@ from .bus import BusSignature
 from .counters import CounterFile
 from .loss import SoftmaxGradUnit
 from .select import ChannelSelector, Lfsr16
+from .weights import WeightMemory
 
 ACC = signed(spec.ACC_BITS)
 
@@ -63,10 +65,13 @@ class EngineCore(wiring.Component):
                answers `busy` to memory and setting writes while a command runs.
       link_rx, link_tx: In(1) -- one pulse per link byte received / sent (counted).
       busy:    Out(1) -- a command is running.
+
+    Attribute ``wmem``: the weight memory (ember_hw.weights; SPRAM if build.weight_spram).
     """
 
     def __init__(self, build=spec.DEFAULT_BUILD):
         self.build = build
+        self.wmem = WeightMemory(build.lanes, build.weight_words, spram=build.weight_spram)
         super().__init__({
             "bus": In(BusSignature()),
             "link_rx": In(1),
@@ -86,7 +91,7 @@ class EngineCore(wiring.Component):
         bus = self.bus
 
         # ---------------------------------------------------------------- memories
-        m.submodules.wmem = wmem = Memory(shape=unsigned(P * W), depth=bld.weight_words, init=[])
+        m.submodules.wmem = wmem = self.wmem
         m.submodules.amem = amem = Memory(shape=unsigned(8), depth=bld.act_bytes, init=[])
         m.submodules.gmem = gmem = Memory(shape=unsigned(P * 16), depth=bld.grad_words, init=[])
         m.submodules.smem = smem = Memory(shape=signed(spec.DX_BITS),
@@ -95,7 +100,7 @@ class EngineCore(wiring.Component):
         m.submodules.pmem = pmem = Memory(shape=unsigned(16), depth=bld.max_batch, init=[])
         kept_depth = bld.blocks(bld.max_width)
         m.submodules.kmem = kmem = Memory(shape=unsigned(P), depth=kept_depth, init=[])
-        w_rd, w_wr = wmem.read_port(), wmem.write_port(granularity=W)
+        w_rd, w_wr = wmem.rd, wmem.wr
         a_rd, a_wr = amem.read_port(), amem.write_port()
         g_rd, g_wr = gmem.read_port(), gmem.write_port(granularity=16)
         s_rd, s_wr = smem.read_port(), smem.write_port()
@@ -204,6 +209,7 @@ class EngineCore(wiring.Component):
         wr = bus.w_stb
         # memory ports driven by the bus when idle (the sequencer owns them when busy)
         bus_w_addr = Signal.like(w_rd.addr)
+        bus_w_rd = Signal()                 # the bus reads a weight word (w_rd.en when idle)
         bus_lane_pair = Signal(LOGP)
         bus_a_byte = Signal(2)
 
@@ -285,6 +291,7 @@ class EngineCore(wiring.Component):
                         m.d.comb += ack()
                     with m.Else():
                         # read: address this cycle, data next cycle
+                        m.d.comb += bus_w_rd.eq(1)
                         with m.If(bus_phase == 0):
                             m.d.comb += [bus_w_addr.eq(word)]
                             m.d.sync += [bus_phase.eq(1), bus_lane_pair.eq(pair)]
@@ -962,7 +969,7 @@ class EngineCore(wiring.Component):
         # ---------------------------------------------------------------- update unit
         # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), one lane per
         # cycle through one shared shifter; only changed lanes are written.
-        with m.FSM(name="update"):
+        with m.FSM(name="update") as ufsm:
             with m.State("U_IDLE"):
                 with m.If(u_busy):
                     m.next = "U_READ"
@@ -994,6 +1001,22 @@ class EngineCore(wiring.Component):
                              count("weight_writes", popcount(u_changed))]
                 m.d.sync += u_busy.eq(0)
                 m.next = "U_IDLE"
+
+        # weight reads: w_rd.en marks every cycle whose read data is used in the next cycle
+        # (without it the data is unspecified). The weight memory may be single-ported (SPRAM,
+        # ember_hw.weights), so no such cycle may write weights, and none does:
+        # - weights are written only by a bus write while idle (a command answers bus
+        #   accesses to memory with `busy`) and by the update unit in U_WRITE;
+        # - they are read by the bus while idle (a read, never in a cycle with a write: one bus
+        #   access at a time), by FWD_RUN and IG_RUN, and by the update unit in U_READ;
+        # - the update unit runs only between the weight-gradient phase's first UPD_HANDOFF and
+        #   WG_WAIT, which waits for it to finish; no state in between reads weights (WG_*,
+        #   PSG_* and UPD_HANDOFF read activations, dY and the kept mask), and U_READ and
+        #   U_WRITE are different states of its FSM. FWD_RUN and IG_RUN come only after it
+        #   (next layer, next command), and the bus only once the command has finished.
+        # WeightMemory.conflict records any cycle with both; the simulation tests check it.
+        m.d.comb += w_rd.en.eq(Mux(busy, fsm.ongoing("FWD_RUN") | fsm.ongoing("IG_RUN") |
+                                   ufsm.ongoing("U_READ"), bus_w_rd))
 
         # cycle counters: every busy cycle, and each phase by the states it runs in
         phases = {

