@@ -110,3 +110,18 @@ def test_psg_threshold_edges(tau):
     settings = StepSettings(psg=True, psg_tau=tau, psg_step_shift=3)
     r = check_against_golden([3, 4], 2, None, weights=weights, batches=[(x, y, settings)])
     assert r["counters"]["skip_psg"] == {0: 16, 32: 10, 96: 8}[tau]
+
+
+def test_sums_at_the_build_limits_do_not_wrap():
+    """Accumulators are sized from the build (spec.Build.lane_acc_bits, dx_acc_bits): the
+    largest sums a full-width layer with extreme weights and activations forms still match
+    the golden model's exact integers (a wrapped forward sum would turn 255s into ReLU zeros)."""
+    width, batch = SMALL.max_width, SMALL.max_batch
+    layers = [width, 16, 4]
+    weights = [np.full((16, width), 32767, dtype=np.int64),
+               np.where(np.arange(4 * 16).reshape(4, 16) % 3 == 0, 32767, -32768)]
+    x = np.full((batch, width), 255, dtype=np.int64)
+    y = np.arange(batch) % 4
+    check_against_golden(layers, batch, [], weights=weights, build=SMALL,
+                         batches=[(x, y, StepSettings(lr_shift=20)),
+                                  (x, y, StepSettings(lr_shift=20, psg=True, psg_tau=0))])

@@ -23,7 +23,9 @@ GRAD_BITS = 16
 OUT_GRAD_FRAC_BITS = 15
 #: Raw input gradients dX are saturated to this width before the per-tensor scale is chosen.
 DX_BITS = 32
-#: MAC accumulators. 48 bits hold any sum of the three GEMM phases for layers up to MAX_WIDTH.
+#: The golden model's accumulator width: 48 bits hold any sum of the three GEMM phases for
+#: layers up to MAX_WIDTH. The gateware sizes each accumulator from its build instead
+#: (Build.lane_acc_bits, dx_acc_bits, pred_bits); the energy model charges 48-bit adds.
 ACC_BITS = 48
 #: Widest layer (inputs or outputs) any build accepts; ACC_BITS is sized from it.
 MAX_WIDTH = 4096
@@ -153,6 +155,27 @@ class Build:
             raise ConfigError(f"build '{self.name}': weights in SPRAM take one SB_SPRAM256KA per "
                               f"lane and at most {SPRAM_WORDS} words; lanes {self.lanes} (at most "
                               f"{SPRAM_BLOCKS}), weight_words {self.weight_words}")
+
+    # Accumulator widths: each as wide as the largest sum this build can form (signed, so
+    # one bit more than the magnitude), so no sum overflows and the gateware stays bit-exact
+    # with the golden model's exact integers for every network check_network accepts.
+    def lane_acc_bits(self):
+        """The lanes' accumulators: forward sums over max_width inputs of weight x activation
+        and weight-gradient sums over max_batch samples of dY x activation."""
+        largest = max(self.max_width, self.max_batch) * (1 << (WEIGHT_BITS - 1)) * ACT_MAX
+        return largest.bit_length() + 1
+
+    def dx_acc_bits(self):
+        """The input-gradient sum over max_width outputs of weight x dY."""
+        largest = self.max_width * (1 << (WEIGHT_BITS - 1)) * (1 << (GRAD_BITS - 1))
+        return largest.bit_length() + 1
+
+    def pred_bits(self):
+        """The PSG predictor's sums over max_batch samples of the 8-bit dY slice (magnitude
+        up to 2**(PSG_GRAD_MSBS - 1)) x the 4-bit activation slice."""
+        largest = (self.max_batch * (1 << (PSG_GRAD_MSBS - 1))
+                   * ((1 << PSG_ACT_MSBS) - 1))
+        return largest.bit_length() + 1
 
     def blocks(self, width):
         return -(-width // self.lanes)

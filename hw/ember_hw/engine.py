@@ -15,9 +15,10 @@ Datapath, for a build with P lanes (spec.Build):
   half_base + b*ceil(N/P) + j (the output layer's logits sit there too, and the loss unit
   overwrites them in place with dY);
 - dX scratch: 32-bit raw input gradients, entry b*K + k;
-- P lane multipliers (16 x 16 signed) shared by every phase, P 48-bit accumulators, an adder
-  tree for the input-gradient pass, one shared round/shift/saturate unit for requantization
-  and updates (lanes are written back one per cycle).
+- P lane multipliers (16 x 16 signed) shared by every phase, P accumulators sized from the
+  build (spec.Build.lane_acc_bits), an adder tree for the input-gradient pass, one shared
+  round/shift/saturate unit for requantization and updates (lanes are written back one per
+  cycle).
 
 Sequencer phases of a training command: forward (per sample, layer, block), loss (per sample),
 then per layer from the top: ssProp scoring and selection, input gradient, dX requantization,
@@ -37,8 +38,6 @@ from .loss import SoftmaxGradUnit
 from .select import ChannelSelector, Lfsr16
 from .weights import WeightMemory
 
-ACC = signed(spec.ACC_BITS)
-
 
 def _bits(n):
     return max(1, (n - 1).bit_length())
@@ -47,10 +46,12 @@ def _bits(n):
 def round_shift(value, shift, width):
     """Round to nearest, ties away from zero, then arithmetic right shift by `shift` (a
     signal): (value + 2**(shift-1) - (value < 0)) >> shift; shift 0 is the identity.
-    `value` is signed and `width` bits wide; the result is signed(width + 1)."""
-    half = (Const(1, unsigned(width)) << (shift - 1).as_unsigned()[:len(shift)])[:width]
+    `value` is signed and `width` bits wide; the result is signed(width + 2) and equals
+    golden.round_shift for every shift: from width + 1 on it is 0, as the exact formula gives
+    for any value that fits `width` bits (so the shifter only spans the value's own width)."""
+    half = (Const(1, unsigned(width + 1)) << (shift - 1).as_unsigned()[:len(shift)])[:width + 1]
     bias = Mux(shift == 0, 0, half.as_signed() - value[-1].as_unsigned())
-    return (value.as_signed() + bias) >> shift
+    return Mux(shift > width, 0, (value.as_signed() + bias) >> shift)
 
 
 def saturate(value, lo, hi):
@@ -384,7 +385,9 @@ class EngineCore(wiring.Component):
         g_row = Signal(_bits(bld.grad_words))   # gradient word of (b, j=0)
 
         # lane datapath
-        acc = [Signal(ACC, name=f"acc{i}") for i in range(P)]
+        # accumulators as wide as this build's largest sums (spec.Build.*_bits)
+        LACC, DACC, PRED = bld.lane_acc_bits(), bld.dx_acc_bits(), bld.pred_bits()
+        acc = [Signal(signed(LACC), name=f"acc{i}") for i in range(P)]
         mul_a = [Signal(signed(16), name=f"mul_a{i}") for i in range(P)]
         mul_b = [Signal(signed(16), name=f"mul_b{i}") for i in range(P)]
         prod = [Signal(signed(32), name=f"prod{i}") for i in range(P)]
@@ -403,7 +406,7 @@ class EngineCore(wiring.Component):
         s2_lanes = Signal(P)
 
         # scalar helpers
-        dx_acc = Signal(ACC)
+        dx_acc = Signal(signed(DACC))
         dx_max = Signal(spec.DX_BITS)
         dx_shift = Signal(6)
         correction = Signal(signed(12))
@@ -411,14 +414,14 @@ class EngineCore(wiring.Component):
         do_wgrad, do_igrad = Signal(), Signal()
         relu_live = Signal()
         live_count = Signal(BATCH)
-        psg_max = Signal(32)
+        psg_max = Signal(PRED)
         psg_pass_a = Signal()               # relative mode: first pass, finds the maximum
-        pred = [Signal(signed(32), name=f"pred{i}") for i in range(P)]
+        pred = [Signal(signed(PRED), name=f"pred{i}") for i in range(P)]
         confident = Signal(P)
         uncertain = Signal(P)
         # the update unit's copy of one (j, k): gradient sources, kept lanes, address, shift
         u_busy = Signal()
-        u_src = [Signal(ACC, name=f"u_src{i}") for i in range(P)]
+        u_src = [Signal(signed(LACC), name=f"u_src{i}") for i in range(P)]
         u_lanes = Signal(P)
         u_addr = Signal.like(d_wbase[0])
         u_shift = Signal(6)
@@ -701,7 +704,7 @@ class EngineCore(wiring.Component):
                     for i in range(P):
                         m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
                     tree = sum(Mux(kept1[i], prod[i], 0) for i in range(P))
-                    total = Signal(ACC, name=f"dx_total_{state}")
+                    total = Signal(signed(DACC), name=f"dx_total_{state}")
                     m.d.comb += total.eq(dx_acc + Mux(s1_live, tree, 0))
                     lim = (1 << (spec.DX_BITS - 1)) - 1
                     dx = Signal(signed(spec.DX_BITS), name=f"dx_{state}")
@@ -949,8 +952,8 @@ class EngineCore(wiring.Component):
                 with m.If(wb_busy):
                     m.next = "W_LANE"
             with m.State("W_LANE"):
-                y = Signal(signed(spec.ACC_BITS + 1))
-                m.d.comb += y.eq(round_shift(Array(u_src)[wp], wb_shift, spec.ACC_BITS))
+                y = Signal(signed(LACC + 1))
+                m.d.comb += y.eq(round_shift(Array(u_src)[wp], wb_shift, LACC))
                 with m.If(wb_lanes.bit_select(wp, 1)):
                     with m.If(wb_last):
                         logit = saturate(y, -32768, 32767)
@@ -986,9 +989,9 @@ class EngineCore(wiring.Component):
                 step = (Const(1, unsigned(16)) << psg_step)[:16]
                 delta = Signal(signed(18))
                 m.d.comb += delta.eq(Mux(src > 0, step, 0) - Mux(src < 0, step, 0))
-                new = Signal(signed(spec.ACC_BITS + 2))
+                new = Signal(signed(LACC + 2))
                 m.d.comb += new.eq(Mux(psg_on, old - delta,
-                                       old - round_shift(src, u_shift, spec.ACC_BITS)))
+                                       old - round_shift(src, u_shift, LACC)))
                 newsat = saturate(new, -32768, 32767)
                 with m.If(u_lanes.bit_select(up, 1) & (newsat != old)):
                     m.d.sync += [u_word.word_select(up, W).eq(newsat[:W]),
