@@ -137,7 +137,7 @@ def test_every_rng_stream_is_restored(killed_in_epoch_3, straight, stream):
 def test_resume_checks_the_settings(tmp_path, capsys):
     ckpt = tmp_path / "run.ckpt"
     json_path = tmp_path / "out.json"
-    base = ["train", "--quiet", "--epochs", "2", "--preset", "smd", "--seed", "4"]
+    base = ["train", "--quiet", "--epochs", "2", "--preset", "smd", "--seed", "4", "--batch", "16"]
     assert cli.main([*base, "--checkpoint", str(ckpt)]) == 0
     capsys.readouterr()
     cases = [

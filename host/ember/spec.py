@@ -200,8 +200,11 @@ class Build:
 BUILDS = {
     "sim": Build(),
     # weights in the UP5K's four SPRAMs: 4 lanes x 16K words (64K weights), no weight block RAM
-    "icebreaker": Build(name="icebreaker", lanes=4, weight_words=SPRAM_WORDS, act_bytes=4096,
-                        grad_words=512, scratch_entries=2048, max_batch=32, max_width=256,
+    # Batches up to 16 keep the engine core in 21 of the UP5K's 30 block RAMs (measured with
+    # python -m ember_boards.area); 64-32-10 on digits needs 1,536 activation bytes, 256
+    # gradient words and 512 dX entries at batch 16.
+    "icebreaker": Build(name="icebreaker", lanes=4, weight_words=SPRAM_WORDS, act_bytes=2048,
+                        grad_words=256, scratch_entries=512, max_batch=16, max_width=256,
                         clock_hz=36_000_000, weight_spram=True),
     # a small build for fast RTL tests (Icarus included)
     "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
