@@ -12,7 +12,7 @@ import pytest
 from ember import cli, golden, policies, protocol, regmap, spec
 from ember.device import EngineDevice, ModelDevice, open_sim
 from ember.protocol import Link
-from ember.spec import ConfigError
+from ember.spec import ConfigError, StepSettings
 from ember.trainer import Trainer
 from ember.virtual import VirtualEngine, VirtualPort
 
@@ -73,7 +73,7 @@ def without_link(counters):
 def test_training_over_a_noisy_link_ends_like_a_clean_run(digits):
     cfg = policies.make_config("all", ssprop_variant="random", epochs=2, seed=2)
     clean = Trainer(ModelDevice(), digits, cfg, progress=False).run()
-    port = NoisyPort(VirtualPort(VirtualEngine(spec.DEFAULT_BUILD)), seed=9)
+    port = NoisyPort(VirtualPort(VirtualEngine(spec.DEFAULT_BUILD)), seed=11)
     # the virtual engine answers at once: a frame not answered by now never will be
     link = Link(port, retries=20, timeout=0.02)
     dev = EngineDevice(link, "model")
@@ -262,3 +262,41 @@ def test_cli_reports_a_dead_link_without_a_traceback(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("ember: link error: read of 1 words at 0x000011 failed")
     assert "Traceback" not in err
+
+
+def test_settings_that_need_a_missing_unit_are_refused_before_any_write():
+    """A build without the PSG and ssProp units (Build.features): the device reads its
+    FEATURES register, refuses such steps with the unit's name and changes nothing; a
+    training run that would need one is refused before it starts."""
+    import dataclasses
+
+    from ember import data
+    from ember.policies import TrainConfig
+    from ember.trainer import Trainer
+    lean = dataclasses.replace(spec.BUILDS["tiny"], name="lean", features=("zero_skip", "slu"))
+    dev = ModelDevice(lean)
+    info = dev.identify()
+    assert info["features"] == ["zero_skip", "slu"] and info["build"] == "custom-4"
+    layers = [12, 8, 4]
+    dev.configure(layers)
+    w = golden.init_weights(layers, 1)
+    dev.load_weights(w)
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, size=(4, 12)), rng.integers(0, 4, size=4)
+    before = dev.read_counters()
+    for settings, unit in ((StepSettings(psg=True), "psg"),
+                           (StepSettings(keep_q8=128), "ssprop"),
+                           (StepSettings(keep_q8=128, ssprop_random=True), "ssprop and "
+                                                                           "ssprop_random")):
+        with pytest.raises(ConfigError, match=f"need the {unit} units?; build 'custom-4' has "
+                                              "only: zero_skip, slu"):
+            dev.train_batch(x, y, settings)
+    after = dev.read_counters()
+    assert after["batches"] == before["batches"] == 0
+    assert all(np.array_equal(a, b) for a, b in zip(dev.read_weights(), w))
+    dev.train_batch(x, y, StepSettings(zero_skip=True, update_mask=(False, True)))
+    assert dev.read_counters()["batches"] == 1
+    ds = data.load_digits()
+    with pytest.raises(ConfigError, match="psg unit; build 'custom-4'"):
+        Trainer(ModelDevice(lean), ds, TrainConfig(layers=(64, 16, 10), batch_size=8,
+                                                    psg=True).check(), progress=False)

@@ -91,6 +91,14 @@ def build_info(build):
     }
 
 
+def build_of(info):
+    """The spec.Build an identify() answer describes (the inverse of build_info)."""
+    fields = {f: info[f] for f in ("lanes", "weight_words", "act_bytes", "grad_words",
+                                   "scratch_entries", "max_batch", "max_layers", "max_width",
+                                   "clock_hz")}
+    return spec.Build(name=info["build"], features=tuple(info["features"]), **fields)
+
+
 def ModelDevice(build=spec.DEFAULT_BUILD):
     """The golden model as a device: the virtual engine (ember.virtual) behind the same link
     protocol, register map and host code as the sim and board backends. Bit-exact; cycle
@@ -125,17 +133,19 @@ class EngineDevice(Device):
         known = {b.lanes: b for b in spec.BUILDS.values()}
         name = next((b.name for b in spec.BUILDS.values()
                      if (b.lanes, b.weight_words, b.act_bytes, b.grad_words,
-                         b.scratch_entries, b.max_batch, b.max_width) ==
+                         b.scratch_entries, b.max_batch, b.max_width, b.feature_mask()) ==
                      (regs["lanes"], regs["weight_words"], regs["act_bytes"],
                       regs["grad_words"], regs["scratch_entries"], regs["max_batch"],
-                      regs["max_width"])), f"custom-{regs['lanes']}")
+                      regs["max_width"], regs["features"])), f"custom-{regs['lanes']}")
         base = spec.BUILDS.get(name, known.get(regs["lanes"], spec.DEFAULT_BUILD))
         self.build = spec.Build(name=name, lanes=regs["lanes"],
                                 weight_words=regs["weight_words"], act_bytes=regs["act_bytes"],
                                 grad_words=regs["grad_words"],
                                 scratch_entries=regs["scratch_entries"],
                                 max_batch=regs["max_batch"], max_layers=regs["max_layers"],
-                                max_width=regs["max_width"], clock_hz=base.clock_hz)
+                                max_width=regs["max_width"], clock_hz=base.clock_hz,
+                                features=tuple(f for i, f in enumerate(spec.FEATURES)
+                                               if regs["features"] >> i & 1))
         self.layers = None
         self._batch = None
 
@@ -202,7 +212,7 @@ class EngineDevice(Device):
     def train_batch(self, x, y, settings=StepSettings()):
         self._need_config()
         x, y = golden.check_batch(self.layers, self.build, x, y)
-        settings.check(len(self.layers) - 1)
+        settings.check(len(self.layers) - 1, self.build)
         self._write_descriptors(len(x))
         self._write_runs(regmap.settings_writes(settings, len(self.layers) - 1))
         for base, words in regmap.batch_writes(x, y):

@@ -313,7 +313,7 @@ class GoldenModel:
         classified correctly (before the update)."""
         x, y = self.check_batch(x, y)
         n_layers = len(self.weights)
-        settings.check(n_layers)
+        settings.check(n_layers, self.build)
         mask = settings.mask(n_layers)
         c, lanes = self.counters, self.build.lanes
         zs = settings.zero_skip

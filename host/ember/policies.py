@@ -81,6 +81,13 @@ class TrainConfig:
                      psg_tau=self.psg_tau, psg_relative=self.psg_relative).check(1)
         return self
 
+    def needs(self):
+        """The optional engine units (spec.FEATURES) some batch of this run may use."""
+        sparse = self.ssprop_keep < 1.0
+        used = {"zero_skip": self.zero_skip, "slu": self.slu != "all", "psg": self.psg,
+                "ssprop": sparse, "ssprop_random": sparse and self.ssprop_variant == "random"}
+        return tuple(name for name in spec.FEATURES if used[name])
+
     def to_dict(self):
         d = asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}

@@ -117,6 +117,12 @@ SPRAM_WORDS = 16384
 SPRAM_BLOCKS = 4
 
 
+#: Optional engine units, in the bit order of the read-only FEATURES register. A build leaves
+#: out the units it does not list in Build.features (to fit a small FPGA); the host refuses
+#: settings that need a missing unit before it writes anything.
+FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random")
+
+
 @dataclass(frozen=True)
 class Build:
     """What one engine build holds: the limits every configuration is checked against.
@@ -129,6 +135,7 @@ class Build:
     scratch_entries: 32-bit raw input-gradient (dX) entries for a whole batch.
     max_batch:       largest batch one train command accepts.
     clock_hz:        engine clock, for cycle-to-time conversion.
+    features:        the optional units this build has (a subset of FEATURES).
     weight_spram:    keep the weight memory in iCE40 UltraPlus SPRAM (one SB_SPRAM256KA per
                      lane, so lanes <= SPRAM_BLOCKS and weight_words <= SPRAM_WORDS) instead of
                      a generic memory (block RAM). Only the iCE40UP bitstream and RTL
@@ -146,9 +153,15 @@ class Build:
     max_width: int = 1024
     clock_hz: int = 48_000_000
     weight_spram: bool = False
-    features: tuple = field(default=("psg", "slu", "ssprop", "zero_skip", "ssprop_random"))
+    features: tuple = FEATURES
 
     def __post_init__(self):
+        unknown = set(self.features) - set(FEATURES)
+        if unknown:
+            raise ConfigError(f"build '{self.name}': unknown features {sorted(unknown)}; "
+                              f"known: {', '.join(FEATURES)}")
+        if "ssprop_random" in self.features and "ssprop" not in self.features:
+            raise ConfigError(f"build '{self.name}': ssprop_random needs ssprop")
         if self.lanes < 2 or self.lanes & (self.lanes - 1):
             raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
         if self.weight_spram and (self.lanes > SPRAM_BLOCKS or self.weight_words > SPRAM_WORDS):
@@ -179,6 +192,10 @@ class Build:
 
     def blocks(self, width):
         return -(-width // self.lanes)
+
+    def feature_mask(self):
+        """The FEATURES register's value: bit i set if the build has FEATURES[i]."""
+        return sum(1 << i for i, name in enumerate(FEATURES) if name in self.features)
 
     def weight_words_needed(self, layers):
         """Weight words a network occupies: ceil(N/P) blocks of K words per layer."""
@@ -262,6 +279,16 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
     return layers
 
 
+def check_features(needed, build):
+    """Raise ConfigError unless `build` has every unit in `needed` (names from FEATURES)."""
+    missing = [name for name in needed if name not in build.features]
+    if missing:
+        have = ", ".join(build.features) or "none"
+        raise ConfigError(f"the settings need the {' and '.join(missing)} unit"
+                          f"{'s' if len(missing) > 1 else ''}; build '{build.name}' has "
+                          f"only: {have}")
+
+
 @dataclass(frozen=True)
 class StepSettings:
     """Per-batch settings of a training step (what the host writes before each batch).
@@ -288,8 +315,20 @@ class StepSettings:
     ssprop_random: bool = False
     lfsr_seed: int = 1
 
-    def check(self, n_layers):
-        """Raise ConfigError naming the first value out of its range."""
+    def needs(self):
+        """The optional units (FEATURES) a step with these settings uses."""
+        used = {"zero_skip": self.zero_skip,
+                "slu": self.update_mask is not None and not all(self.update_mask),
+                "psg": self.psg,
+                "ssprop": self.keep_q8 < KEEP_ONE,
+                "ssprop_random": self.keep_q8 < KEEP_ONE and self.ssprop_random}
+        return tuple(name for name in FEATURES if used[name])
+
+    def check(self, n_layers, build=None):
+        """Raise ConfigError naming the first value out of its range, or the first unit the
+        settings need that `build` (if given) does not have."""
+        if build is not None:
+            check_features(self.needs(), build)
         if self.update_mask is not None and len(self.update_mask) != n_layers:
             raise ConfigError(f"update_mask has {len(self.update_mask)} entries; the network "
                               f"has {n_layers} layers")
@@ -365,6 +404,7 @@ REGISTERS = {
     "max_layers": (0x07, "ro"),
     "max_width": (0x08, "ro"),
     "counters": (0x09, "ro"),      # number of counters
+    "features": (0x0B, "ro"),      # bit i: the build has FEATURES[i]
     "control": (0x10, "wo"),       # CONTROL_* bits: start a command
     "status": (0x11, "ro"),        # bit 0 busy
     "correct": (0x12, "ro"),       # samples the last training batch classified correctly
@@ -383,7 +423,7 @@ LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 1
+ENGINE_VERSION = 2
 CONTROL_TRAIN = 1
 CONTROL_INFER = 2
 CONTROL_CLEAR_COUNTERS = 4

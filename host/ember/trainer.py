@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import energy, golden, spec
+from .device import build_of
 from .policies import (STREAM_INIT, STREAM_LFSR, STREAM_SHUFFLE, STREAM_SMD, LayerMaskPolicy,
                        epoch_settings, rng, with_batch)
 from .spec import ConfigError
@@ -193,8 +194,10 @@ class Trainer:
         self.progress = progress
         self.checkpoint, self.resume, self.notes = checkpoint, resume, dict(notes or {})
         info = device.identify()
-        self.build = spec.BUILDS.get(info["build"], spec.DEFAULT_BUILD)
+        self.build = build_of(info)
         self.build_name = info["build"]
+        # every unit any batch of the run may use, checked before anything is trained
+        spec.check_features(cfg.needs(), self.build)
         layers = list(cfg.layers)
         if layers[0] != ds.features:
             raise spec.ConfigError(f"network input width {layers[0]} does not match the data "

@@ -45,7 +45,8 @@ class VirtualEngine:
                    "weight_words": build.weight_words, "act_bytes": build.act_bytes,
                    "grad_words": build.grad_words, "scratch_entries": build.scratch_entries,
                    "max_batch": build.max_batch, "max_layers": build.max_layers,
-                   "max_width": build.max_width, "counters": len(spec.COUNTERS)}
+                   "max_width": build.max_width, "counters": len(spec.COUNTERS),
+                   "features": build.feature_mask()}
         self._by_offset = {off: (name, mode) for name, (off, mode) in spec.REGISTERS.items()}
 
     # ---- bus

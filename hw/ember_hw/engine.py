@@ -176,7 +176,7 @@ class EngineCore(wiring.Component):
             "weight_words": bld.weight_words, "act_bytes": bld.act_bytes,
             "grad_words": bld.grad_words, "scratch_entries": bld.scratch_entries,
             "max_batch": bld.max_batch, "max_layers": L, "max_width": bld.max_width,
-            "counters": len(spec.COUNTERS),
+            "counters": len(spec.COUNTERS), "features": bld.feature_mask(),
         }
         rw_regs = {"batch": batch, "layers": n_layers, "update_mask": update_mask,
                    "lr_shift": lr_shift, "flags": flags, "psg_tau": psg_tau,
