@@ -6,7 +6,7 @@ import pytest
 
 from conftest import random_batch
 from engine_harness import BusDriver, EngineSession, golden_for, run_testbench
-from ember import golden, spec
+from ember import golden, regmap, spec
 from ember.spec import Build, StepSettings
 from ember_hw.engine import EngineCore
 
@@ -125,3 +125,31 @@ def test_sums_at_the_build_limits_do_not_wrap():
     check_against_golden(layers, batch, [], weights=weights, build=SMALL,
                          batches=[(x, y, StepSettings(lr_shift=20)),
                                   (x, y, StepSettings(lr_shift=20, psg=True, psg_tau=0))])
+
+
+def test_act_write_limit_follows_batch_and_inputs():
+    # the bus writes only the input batch's batch * inputs bytes of the activation region; the
+    # limit is recomputed (on the shared serial multiplier) after a write of either factor and
+    # after a command, and a write right behind waits for it
+    layers = [5, 3]                 # no hidden layer: commands write no activations
+    dut = EngineCore(SMALL)
+    totals = [0]
+
+    async def body(ctx):
+        d = BusDriver(ctx, dut.bus)
+        await EngineSession(d, SMALL, layers, 2).configure(golden.init_weights(layers, 0))
+
+        async def write_acts():
+            await d.write_words(regmap.region("acts"), [0x04030201] * 8)      # 32 bytes
+            totals.append(await d.read(regmap.counter("act_writes")))
+
+        for control in (spec.CONTROL_INFER, spec.CONTROL_TRAIN):
+            await d.write(regmap.reg("control"), control)
+            await write_acts()
+        for batch, inputs in [(2, 4), (3, 4), (3, 7), (1, 1), (8, 4)]:
+            await d.write(regmap.reg("batch"), batch)
+            await d.write(regmap.layer_field(0, "inputs"), inputs)
+            await write_acts()
+
+    run_testbench(dut, body)
+    assert list(np.diff(totals)) == [10, 10, 8, 12, 21, 1, 32]

@@ -20,7 +20,12 @@ Datapath, for a build with P lanes (spec.Build):
   round/shift/saturate unit for requantization and updates (lanes are written back one per
   cycle).
 
-Sequencer phases of a training command: forward (per sample, layer, block), loss (per sample),
+Addresses come from running row pointers that the loops step by addition, and the few products
+of two signals needed once per layer or command (bulk event counts, the ssProp keep count, the
+bus write limit of the input batch) from one serial multiplier: the only combinational
+multipliers are the P lanes' (and the loss unit's).
+
+Sequencer phases of a training command: forward (per layer, sample, block), loss (per sample),
 then per layer from the top: ssProp scoring and selection, input gradient, dX requantization,
 weight gradient (SGD, or PSG prediction, decision and recompute) and update.
 """
@@ -36,6 +41,7 @@ from .bus import BusSignature
 from .counters import CounterFile
 from .loss import SoftmaxGradUnit
 from .select import ChannelSelector, Lfsr16
+from .serial_mul import SerialMultiplier
 from .weights import WeightMemory
 
 
@@ -63,7 +69,9 @@ class EngineCore(wiring.Component):
 
     Ports:
       bus:     In(BusSignature()) -- register, counter and memory access (see spec.ADDRESS_MAP);
-               answers `busy` to memory and setting writes while a command runs.
+               answers `busy` to memory and setting writes while a command runs. An
+               activation write just after a command or a write of `batch` or layer 0's
+               inputs waits a few cycles for the input batch's size (a serial product).
       link_rx, link_tx: In(1) -- one pulse per link byte received / sent (counted).
       busy:    Out(1) -- a command is running.
 
@@ -132,6 +140,16 @@ class EngineCore(wiring.Component):
         correct = Signal(BATCH)
         label = Signal(16)
 
+        # a serial multiplier for the products of two signals needed once per layer or
+        # command (b is always a layer width). A command uses it for its per-layer products
+        # (bulk counters, the ssProp keep count); while idle it holds the input batch's bytes,
+        # batch * inputs of layer 0, the bus write limit of the activation region, recomputed
+        # after a write of either register and after each command
+        m.submodules.mul = mul = SerialMultiplier(max(BATCH + WIDTH, len(keep_q8)), WIDTH)
+        limit_start = Signal()
+        m.d.sync += limit_start.eq(0)
+        m.d.comb += [mul.start.eq(limit_start), mul.a.eq(batch), mul.b.eq(d_inputs[0])]
+
         # ---------------------------------------------------------------- counters
         # the largest amount each counter can take in one cycle sizes its pre-counter
         bnk = bld.max_batch * bld.max_width * bld.max_width
@@ -193,13 +211,16 @@ class EngineCore(wiring.Component):
         def err(name):
             return [bus.err.eq(1), bus.r_data.eq(code[name])]
 
-        def setting(sig):
-            """A read-write setting: written only while no command runs."""
+        def setting(sig, sets_limit=False):
+            """A read-write setting: written only while no command runs. `sets_limit`: a
+            factor of the activation region's write limit."""
             with m.If(wr):
                 with m.If(busy):
                     m.d.comb += err("busy")
                 with m.Else():
                     m.d.sync += sig.eq(bus.w_data)
+                    if sets_limit:
+                        m.d.sync += limit_start.eq(1)
                     m.d.comb += ack()
             with m.Else():
                 m.d.comb += ack(sig)
@@ -253,11 +274,11 @@ class EngineCore(wiring.Component):
                                         with m.Else():
                                             m.d.comb += ack(0)
                                     else:
-                                        setting(rw_regs[name])
+                                        setting(rw_regs[name], name == "batch")
                             for l in range(L):
                                 for f, fname in enumerate(spec.LAYER_FIELDS):
                                     with m.Case(spec.LAYER_BASE + l * spec.LAYER_STRIDE + f):
-                                        setting(fields[fname][l])
+                                        setting(fields[fname][l], (l, fname) == (0, "inputs"))
                             with m.Default():
                                 m.d.comb += err("out_of_range")
                     with m.Elif(bus.addr[12:spec.REGION_BITS] == 1):
@@ -308,9 +329,10 @@ class EngineCore(wiring.Component):
                         m.d.comb += err("out_of_range")
                     with m.Elif(busy):
                         m.d.comb += err("busy")
+                    with m.Elif(wr & (limit_start | ~mul.done)):
+                        pass        # wait: the multiplier is recomputing the limit
                     with m.Elif(wr):
-                        limit = batch * d_inputs[0]
-                        with m.If(byte < limit):
+                        with m.If(byte < mul.product):
                             m.d.comb += [a_wr.addr.eq(byte), a_wr.en.eq(1),
                                          a_wr.data.eq(bus.w_data.word_select(bus_a_byte, 8)),
                                          count("act_writes")]
@@ -379,10 +401,12 @@ class EngineCore(wiring.Component):
         zs = Signal()
         m.d.comb += zs.eq(zero_skip_reg | infer_mode)
 
-        # pointers kept incrementally instead of multiplied on every access
-        a_row = Signal.like(d_abase[0])     # act address of (b, k=0) of the current layer
+        # running pointers, stepped by addition as the loops advance (no products of two
+        # signals outside the MAC lanes); each phase sets them up and steps them in its order
+        a_row = Signal.like(d_abase[0])     # act address of (b, k=0) of the current layer's input
+        o_row = Signal.like(d_abase[0])     # forward: act address of (b, 0) of its output
         w_row = Signal.like(d_wbase[0])     # weight word of (j, k=0)
-        g_row = Signal(_bits(bld.grad_words))   # gradient word of (b, j=0)
+        g_row = Signal(_bits(bld.grad_words))   # gradient word of (b, j=0) (REQ: the half below)
 
         # lane datapath
         # accumulators as wide as this build's largest sums (spec.Build.*_bits)
@@ -411,9 +435,10 @@ class EngineCore(wiring.Component):
         dx_shift = Signal(6)
         correction = Signal(signed(12))
         keep = Signal(WIDTH)
+        batch_k = Signal(BATCH + WIDTH)     # batch * K of the current layer
         do_wgrad, do_igrad = Signal(), Signal()
         relu_live = Signal()
-        live_count = Signal(BATCH)
+        live_count = Signal(BATCH)          # PSG: live samples of the low pass of (j, k)
         psg_max = Signal(PRED)
         psg_pass_a = Signal()               # relative mode: first pass, finds the maximum
         pred = [Signal(signed(PRED), name=f"pred{i}") for i in range(P)]
@@ -427,6 +452,8 @@ class EngineCore(wiring.Component):
         u_shift = Signal(6)
         u_word = Signal(P * W)
         u_changed = Signal(P)
+        u_skip = Signal(P)                  # PSG: confident lanes (their full MACs skipped)
+        u_live = Signal(BATCH)              # PSG: live samples of the low pass
         up = Signal(range(P + 1))
         # the forward writeback unit's copy of one block (it shares the u_src registers)
         wb_busy, wb_last = Signal(), Signal()
@@ -458,12 +485,20 @@ class EngineCore(wiring.Component):
                                  j.eq(0), correct.eq(0), correction.eq(0), cur_half.eq(0)]
                     m.d.comb += lfsr.load.eq(1)
                     m.d.comb += lfsr.seed.eq(lfsr_seed)
-                    m.next = "FWD_ROW"
+                    m.next = "FWD_LAYER"
 
-            # ---------------- forward: for b, for l, for j: acc = W[j] . A[b]; write back
+            # ---------------- forward: for l, for b, for j: acc = W[j] . A[b]; write back
+            # (layer by layer over the batch, so that the row pointers step by the layer's
+            # strides K, N and nb)
+            with m.State("FWD_LAYER"):
+                # layer l reads the layer below's outputs: wait until the writeback unit has
+                # written the last of them, then point at sample 0, block 0
+                with m.If(~wb_busy):
+                    m.d.sync += [a_row.eq(abase), o_row.eq(next_abase), w_row.eq(wbase),
+                                 g_row.eq(gbase)]
+                    m.next = "FWD_ROW"
             with m.State("FWD_ROW"):
-                m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0),
-                             a_row.eq(abase + b * K), w_row.eq(wbase + j * K)]
+                m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0)]
                 m.d.sync += [a.eq(0) for a in acc]
                 m.next = "FWD_RUN"
             with m.State("FWD_RUN"):
@@ -501,33 +536,33 @@ class EngineCore(wiring.Component):
                 with m.If(~wb_busy):
                     m.d.sync += [wb_busy.eq(1), wb_last.eq(last_layer), wb_shift.eq(shift),
                                  wb_lanes.eq(kept_dense),
-                                 wb_act.eq(next_abase + b * N + (j << LOGP)),
-                                 wb_word.eq(gbase + b * nb + j)]
+                                 wb_act.eq(o_row + (j << LOGP)),
+                                 wb_word.eq(g_row + j)]
                     m.d.sync += [u_src[i].eq(acc[i]) for i in range(P)]
                     with m.If(j + 1 < nb):
-                        m.d.sync += j.eq(j + 1)
+                        m.d.sync += [j.eq(j + 1), w_row.eq(w_row + K)]
+                        m.next = "FWD_ROW"
+                    with m.Elif(b + 1 < batch):
+                        m.d.sync += [j.eq(0), b.eq(b + 1), w_row.eq(wbase),
+                                     a_row.eq(a_row + K), o_row.eq(o_row + N),
+                                     g_row.eq(g_row + nb)]
                         m.next = "FWD_ROW"
                     with m.Elif(~last_layer):
-                        m.d.sync += [j.eq(0), l.eq(l + 1)]
-                        m.next = "FWD_SYNC"
-                    with m.Elif(b + 1 < batch):
-                        m.d.sync += [j.eq(0), l.eq(0), b.eq(b + 1)]
-                        m.next = "FWD_ROW"
+                        m.d.sync += [j.eq(0), b.eq(0), l.eq(l + 1)]
+                        m.next = "FWD_LAYER"
                     with m.Else():
                         m.d.sync += b.eq(0)
                         m.next = "FWD_END"
-            with m.State("FWD_SYNC"):
-                with m.If(~wb_busy):
-                    m.next = "FWD_ROW"
             with m.State("FWD_END"):
                 with m.If(~wb_busy):
                     m.next = "AFTER_FWD"
             with m.State("AFTER_FWD"):
+                # the logits of sample 0 (the output layer's dY after the loss)
+                m.d.sync += [b.eq(0), g_row.eq(gbase)]
                 with m.If(infer_mode):
-                    m.d.sync += [b.eq(0), n.eq(0)]
+                    m.d.sync += n.eq(0)
                     m.next = "INF_ROW"
                 with m.Else():
-                    m.d.sync += b.eq(0)
                     m.next = "LOSS_START"
 
             # ---------------- inference: argmax of the logits per sample
@@ -537,8 +572,7 @@ class EngineCore(wiring.Component):
                 m.d.sync += [n.eq(0), s1_valid.eq(0), best_n.eq(0)]
                 m.next = "INF_RUN"
             with m.State("INF_RUN"):
-                m.d.comb += [g_rd.addr.eq(gbase + b * nb + (n >> LOGP)),
-                             count("grad_reads", n < N)]
+                m.d.comb += [g_rd.addr.eq(g_row + (n >> LOGP)), count("grad_reads", n < N)]
                 m.d.sync += [s1_valid.eq(n < N), s1_last.eq(n == N - 1),
                              p.eq(n[:LOGP] if LOGP else 0)]
                 with m.If(n < N):
@@ -552,11 +586,11 @@ class EngineCore(wiring.Component):
             with m.State("INF_WRITE"):
                 m.d.comb += [p_wr.addr.eq(b), p_wr.data.eq(best_n), p_wr.en.eq(1)]
                 with m.If(b + 1 < batch):
-                    m.d.sync += b.eq(b + 1)
+                    m.d.sync += [b.eq(b + 1), g_row.eq(g_row + nb)]
                     m.next = "INF_ROW"
                 with m.Else():
                     m.d.comb += count("infer_samples", batch)
-                    m.d.sync += busy.eq(0)
+                    m.d.sync += [busy.eq(0), limit_start.eq(1)]
                     m.next = "IDLE"
 
             # ---------------- loss: the softmax-gradient unit, one sample at a time
@@ -572,14 +606,13 @@ class EngineCore(wiring.Component):
                 m.next = "LOSS_RUN"
             with m.State("LOSS_RUN"):
                 m.d.comb += [loss.classes.eq(N), loss.label.eq(label),
-                             g_rd.addr.eq(gbase + b * nb +
-                                                              (loss.rd_addr >> LOGP))]
+                             g_rd.addr.eq(g_row + (loss.rd_addr >> LOGP))]
                 m.d.sync += p.eq(loss.rd_addr[:LOGP] if LOGP else 0)
                 m.d.comb += loss.rd_data.eq(Array(g_lane)[p])
                 with m.If(loss.rd_en):
                     m.d.comb += count("grad_reads")
                 with m.If(loss.wr_en):
-                    m.d.comb += [g_wr.addr.eq(gbase + b * nb + (loss.wr_addr >> LOGP)),
+                    m.d.comb += [g_wr.addr.eq(g_row + (loss.wr_addr >> LOGP)),
                                  g_wr.data.eq(loss.wr_data.as_unsigned().replicate(P)),
                                  g_wr.en.eq(1 << loss.wr_addr[:LOGP]),
                                  count("grad_writes")]
@@ -587,7 +620,7 @@ class EngineCore(wiring.Component):
                     m.d.comb += count("loss_elements", N)
                     m.d.sync += correct.eq(correct + loss.correct)
                     with m.If(b + 1 < batch):
-                        m.d.sync += b.eq(b + 1)
+                        m.d.sync += [b.eq(b + 1), g_row.eq(g_row + nb)]
                         m.next = "LOSS_START"
                     with m.Else():
                         m.next = "BWD_LAYER"
@@ -595,41 +628,62 @@ class EngineCore(wiring.Component):
             # ---------------- backward, one layer at a time from the top
             any_below = Signal()
             m.d.comb += any_below.eq((update_mask & ((Const(1, L + 1) << l) - 1)[:L]) != 0)
-            product_bnk = Signal(40)
-            m.d.comb += product_bnk.eq(batch * N * K)
+            # the layer's setup: which passes run, and four products on the serial
+            # multiplier (keep, batch*K, batch*N*K, batch*(N-keep)*K), one state each
             with m.State("BWD_LAYER"):
-                wg = update_mask.bit_select(l, 1)
-                ig = (l != 0) & any_below
-                keep_v = Mux(keep_q8 >= spec.KEEP_ONE, N,
-                             Mux(((N * keep_q8) >> 8) == 0, 1, (N * keep_q8) >> 8))
-                m.d.sync += [do_wgrad.eq(wg), do_igrad.eq(ig), keep.eq(keep_v)]
-                m.d.comb += count("skip_slu", Mux(wg, 0, product_bnk) +
-                                  Mux((l != 0) & ~ig, product_bnk, 0))
-                m.next = "BWD_LAYER2"
+                m.d.sync += [do_wgrad.eq(update_mask.bit_select(l, 1)),
+                             do_igrad.eq((l != 0) & any_below)]
+                m.d.comb += [mul.start.eq(1), mul.a.eq(keep_q8), mul.b.eq(N)]
+                m.next = "BWD_KEEP"
+            with m.State("BWD_KEEP"):
+                # ssProp keeps N * keep_q8 >> 8 channels, at least 1 (all at KEEP_ONE)
+                kept = mul.product >> 8
+                with m.If(mul.done):
+                    m.d.sync += keep.eq(Mux(keep_q8 >= spec.KEEP_ONE, N,
+                                            Mux(kept == 0, 1, kept)))
+                    m.d.comb += [mul.start.eq(1), mul.a.eq(batch), mul.b.eq(K)]
+                    m.next = "BWD_BK"
+            with m.State("BWD_BK"):
+                with m.If(mul.done):
+                    m.d.sync += batch_k.eq(mul.product)
+                    m.d.comb += [mul.start.eq(1), mul.a.eq(mul.product), mul.b.eq(N)]
+                    m.next = "BWD_BNK"
+            with m.State("BWD_BNK"):
+                # batch*N*K MACs per pass: SLU skips the weight gradient of a frozen layer
+                # and the input gradient below the lowest updated one
+                bnk = mul.product
+                with m.If(mul.done):
+                    m.d.comb += count("skip_slu", Mux(do_wgrad, 0, bnk) +
+                                      Mux((l != 0) & ~do_igrad, bnk, 0))
+                    m.d.comb += [mul.start.eq(1), mul.a.eq(batch_k), mul.b.eq(N - keep)]
+                    m.next = "BWD_LAYER2"
             with m.State("BWD_LAYER2"):
-                m.d.comb += count("skip_ssprop", (batch * (N - keep) * K) *
-                                  (do_wgrad.as_unsigned() + do_igrad.as_unsigned()))
-                m.d.sync += [n.eq(0), b.eq(0), score.eq(0), s1_valid.eq(0)]
-                with m.If(~(do_wgrad | do_igrad)):
-                    m.next = "BWD_NEXT"
-                with m.Elif(dense):
-                    m.next = "IG_START"
-                with m.Elif(ss_random):
-                    m.next = "SCORE_RANDOM"
-                with m.Else():
-                    m.next = "SCORE_TOPK"
+                # batch*(N-keep)*K MACs that ssProp skips in each pass that runs
+                with m.If(mul.done):
+                    ssprop = mul.product
+                    m.d.comb += count("skip_ssprop", Mux(do_wgrad & do_igrad, ssprop << 1,
+                                                         Mux(do_wgrad | do_igrad, ssprop, 0)))
+                    m.d.sync += [n.eq(0), b.eq(0), score.eq(0), s1_valid.eq(0),
+                                 g_row.eq(gbase)]
+                    with m.If(~(do_wgrad | do_igrad)):
+                        m.next = "BWD_NEXT"
+                    with m.Elif(dense):
+                        m.next = "IG_START"
+                    with m.Elif(ss_random):
+                        m.next = "SCORE_RANDOM"
+                    with m.Else():
+                        m.next = "SCORE_TOPK"
 
             # ssProp scores: sum over the batch of |dY[b, n]|, or LFSR states
             with m.State("SCORE_TOPK"):
-                m.d.comb += [g_rd.addr.eq(gbase + b * nb + (n >> LOGP)),
-                             count("grad_reads", n < N)]
+                m.d.comb += [g_rd.addr.eq(g_row + (n >> LOGP)), count("grad_reads", n < N)]
                 m.d.sync += [s1_valid.eq(n < N), s1_last.eq(b == batch - 1),
                              p.eq(n[:LOGP] if LOGP else 0)]
                 with m.If(n < N):
                     with m.If(b == batch - 1):
-                        m.d.sync += [b.eq(0), n.eq(n + 1)]
+                        m.d.sync += [b.eq(0), n.eq(n + 1), g_row.eq(gbase)]
                     with m.Else():
-                        m.d.sync += b.eq(b + 1)
+                        m.d.sync += [b.eq(b + 1), g_row.eq(g_row + nb)]
                 g = Array(g_lane)[p]
                 mag = Mux(g < 0, -g, g)
                 with m.If(s1_valid):
@@ -694,7 +748,8 @@ class EngineCore(wiring.Component):
             s1_sidx = Signal.like(sidx)
             with m.State("IG_A"):
                 m.d.comb += a_rd.addr.eq(abase)
-                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), sidx.eq(0)]
+                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), sidx.eq(0),
+                             w_row.eq(wbase), g_row.eq(gbase)]
                 m.next = "IG_RUN"
             for state in ("IG_RUN", "IG_DRAIN"):
                 with m.State(state):
@@ -739,21 +794,20 @@ class EngineCore(wiring.Component):
                         with m.If(~live_now):
                             m.d.comb += count("skip_zero", keep)
                     with m.If(live_now):
-                        m.d.comb += [w_rd.addr.eq(wbase + j * K + k),
-                                     g_rd.addr.eq(gbase + b * nb + j)]
+                        m.d.comb += [w_rd.addr.eq(w_row + k), g_rd.addr.eq(g_row + j)]
                     m.d.sync += [s1_valid.eq(1), s1_last.eq(last_slot), s1_live.eq(live_now),
                                  s1_relu.eq(relu_now), s1_sidx.eq(sidx),
                                  s1_lanes.eq(kept_dense)]
                     with m.If(last_slot):
-                        m.d.sync += [j.eq(0), sidx.eq(sidx + 1)]
+                        m.d.sync += [j.eq(0), sidx.eq(sidx + 1), w_row.eq(wbase)]
                         with m.If(k + 1 < K):
                             m.d.sync += k.eq(k + 1)
                         with m.Else():
-                            m.d.sync += [k.eq(0), b.eq(b + 1)]
+                            m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb)]
                         with m.If((b == batch - 1) & (k == K - 1)):
                             m.next = "IG_DRAIN"
                     with m.Else():
-                        m.d.sync += j.eq(j + 1)
+                        m.d.sync += [j.eq(j + 1), w_row.eq(w_row + K)]
 
             # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
             ridx = Signal(range(bld.scratch_entries + 1))      # b*K + k, up to the batch's
@@ -763,34 +817,35 @@ class EngineCore(wiring.Component):
                     with m.If(dx_max[bit]):
                         m.d.comb += lz.eq(bit + 1)
                 m.d.sync += [dx_shift.eq(Mux(lz > 15, lz - 15, 0)), b.eq(0), k.eq(0),
-                             ridx.eq(0), s1_valid.eq(0)]
+                             ridx.eq(0), s1_valid.eq(0), g_row.eq(gbase_below)]
                 m.next = "REQ_RUN"
             with m.State("REQ_RUN"):
                 # stage 0: read scratch entry ridx = b*K + k; stage 1: write dY_below
-                m.d.comb += [s_rd.addr.eq(ridx), count("grad_reads", ridx < batch * K)]
-                s1_b = Signal.like(b)
+                issue = b < batch
+                m.d.comb += [s_rd.addr.eq(ridx), count("grad_reads", issue)]
+                s1_g_row = Signal.like(g_row)       # g_row of the entry in stage 1
                 s1_k = Signal.like(k)
-                m.d.sync += [s1_valid.eq(ridx < batch * K), s1_b.eq(b), s1_k.eq(k)]
-                with m.If(ridx < batch * K):
+                m.d.sync += [s1_valid.eq(issue), s1_g_row.eq(g_row), s1_k.eq(k)]
+                nb_below = (K + P - 1) >> LOGP      # blocks of the layer below (N below = K)
+                with m.If(issue):
                     m.d.sync += ridx.eq(ridx + 1)
                     with m.If(k + 1 < K):
                         m.d.sync += k.eq(k + 1)
                     with m.Else():
-                        m.d.sync += [k.eq(0), b.eq(b + 1)]
+                        m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb_below)]
                 v = Signal(signed(spec.DX_BITS + 1))
                 m.d.comb += v.eq(round_shift(s_rd.data, dx_shift, spec.DX_BITS))
                 dy = saturate(v, -32767, 32767)
-                nb_below = (K + P - 1) >> LOGP
                 with m.If(s1_valid):
-                    m.d.comb += [g_wr.addr.eq(gbase_below + s1_b * nb_below + (s1_k >> LOGP)),
+                    m.d.comb += [g_wr.addr.eq(s1_g_row + (s1_k >> LOGP)),
                                  g_wr.data.eq(dy.as_unsigned()[:16].replicate(P)),
                                  g_wr.en.eq(1 << s1_k[:LOGP]), count("grad_writes")]
-                with m.If(~s1_valid & (ridx == batch * K) & (ridx != 0)):
+                with m.If(~s1_valid & (b == batch)):
                     m.next = "WG_START"
 
             # ---------------- weight gradient and update, per block j and input k
             with m.State("WG_START"):
-                m.d.sync += [j.eq(0), k.eq(0), psg_max.eq(0),
+                m.d.sync += [j.eq(0), k.eq(0), w_row.eq(wbase), psg_max.eq(0),
                              psg_pass_a.eq(psg_on & psg_rel)]
                 with m.If(do_wgrad):
                     m.next = "WG_BLOCK"
@@ -807,7 +862,8 @@ class EngineCore(wiring.Component):
                     m.d.sync += k.eq(0)
                     m.next = "WG_K"
             with m.State("WG_K"):
-                m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0), live_count.eq(0)]
+                m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0), live_count.eq(0),
+                             a_row.eq(abase), g_row.eq(gbase)]
                 m.d.sync += [a.eq(0) for a in acc]
                 m.d.sync += [q.eq(0) for q in pred]
                 with m.If(psg_on):
@@ -824,21 +880,24 @@ class EngineCore(wiring.Component):
                     else:
                         m.d.comb += gate.eq(Mux(psg_on, uncertain, lanes_on))
                     # stage 0: A[b, k]
-                    m.d.comb += a_rd.addr.eq(abase + b * K + k)
+                    m.d.comb += a_rd.addr.eq(a_row + k)
                     with m.If(b < batch):
                         m.d.comb += count("act_msb_reads" if low else "act_reads")
-                    m.d.sync += [s1_valid.eq(b < batch), s1_last.eq(b == batch - 1),
-                                 b.eq(Mux(b < batch, b + 1, b))]
-                    # stage 1: dY word (b, j) unless A is zero and skipping
+                        m.d.sync += [b.eq(b + 1), a_row.eq(a_row + K)]
+                    m.d.sync += [s1_valid.eq(b < batch), s1_last.eq(b == batch - 1)]
+                    # stage 1: dY word (b, j) unless A is zero and skipping (g_row follows
+                    # the sample in stage 1)
                     av = a_rd.data
                     live1 = (av != 0) | ~zs
-                    s1_b = b - 1
-                    m.d.comb += g_rd.addr.eq(gbase + s1_b * nb + j)
+                    m.d.comb += g_rd.addr.eq(g_row + j)
                     with m.If(s1_valid):
+                        m.d.sync += g_row.eq(g_row + nb)
                         with m.If(live1):
                             m.d.comb += count("grad_msb_lane_reads" if low else
                                               "grad_lane_reads", popcount(gate))
-                            m.d.sync += live_count.eq(live_count + 1)
+                            if low:
+                                # live samples: each confident lane skips their full MACs
+                                m.d.sync += live_count.eq(live_count + 1)
                         if low:
                             with m.Elif(~(psg_rel & ~psg_pass_a)):
                                 m.d.comb += count("skip_zero", popcount(gate))
@@ -881,10 +940,12 @@ class EngineCore(wiring.Component):
                     m.d.sync += p.eq(0)
                     m.next = "PSG_MAX"
                 with m.Else():
+                    # skip_psg, live_count per confident lane, is counted by the update
+                    # unit, one lane per cycle
                     m.d.sync += [confident.eq(conf), uncertain.eq(lanes_on & ~conf)]
-                    m.d.comb += count("skip_psg", popcount(conf) * live_count)
                     with m.If((lanes_on & ~conf) != 0):
-                        m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0)]
+                        m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0),
+                                     a_row.eq(abase), g_row.eq(gbase)]
                         m.next = "WG_FULL"
                     with m.Else():
                         m.next = "UPD_HANDOFF"
@@ -901,9 +962,10 @@ class EngineCore(wiring.Component):
                 # next (j, k) accumulates; wait only if it is still busy with the last one
                 with m.If(~u_busy):
                     u = correction + lr_shift
-                    m.d.sync += [u_busy.eq(1), u_lanes.eq(lanes_on), u_addr.eq(wbase + j * K + k),
+                    m.d.sync += [u_busy.eq(1), u_lanes.eq(lanes_on), u_addr.eq(w_row + k),
                                  u_shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
-                                                              spec.UPDATE_SHIFT_MAX, u)))]
+                                                              spec.UPDATE_SHIFT_MAX, u))),
+                                 u_skip.eq(Mux(psg_on, confident, 0)), u_live.eq(live_count)]
                     for i in range(P):
                         # PSG needs only a sign: the prediction's where it was confident
                         m.d.sync += u_src[i].eq(Mux(psg_on & confident[i], pred[i], acc[i]))
@@ -923,10 +985,10 @@ class EngineCore(wiring.Component):
                     m.next = "WG_NEXT_BLOCK"
             with m.State("WG_NEXT_BLOCK"):
                 with m.If(j + 1 < nb):
-                    m.d.sync += j.eq(j + 1)
+                    m.d.sync += [j.eq(j + 1), w_row.eq(w_row + K)]
                     m.next = "WG_BLOCK"
                 with m.Elif(psg_pass_a):
-                    m.d.sync += [psg_pass_a.eq(0), j.eq(0)]
+                    m.d.sync += [psg_pass_a.eq(0), j.eq(0), w_row.eq(wbase)]
                     m.next = "WG_BLOCK"
                 with m.Else():
                     m.next = "WG_WAIT"
@@ -937,7 +999,7 @@ class EngineCore(wiring.Component):
                                  cur_half.eq(~cur_half)]
                 with m.If(l == 0):
                     m.d.comb += [count("batches"), count("samples", batch)]
-                    m.d.sync += busy.eq(0)
+                    m.d.sync += [busy.eq(0), limit_start.eq(1)]
                     m.next = "IDLE"
                 with m.Else():
                     m.d.sync += l.eq(l - 1)
@@ -996,6 +1058,9 @@ class EngineCore(wiring.Component):
                 with m.If(u_lanes.bit_select(up, 1) & (newsat != old)):
                     m.d.sync += [u_word.word_select(up, W).eq(newsat[:W]),
                                  u_changed.bit_select(up, 1).eq(1)]
+                with m.If(u_skip.bit_select(up, 1)):
+                    # a confident lane skipped the full MAC of every live sample
+                    m.d.comb += count("skip_psg", u_live)
                 m.d.sync += up.eq(up + 1)
                 with m.If(up == P - 1):
                     m.next = "U_WRITE"
@@ -1023,11 +1088,12 @@ class EngineCore(wiring.Component):
 
         # cycle counters: every busy cycle, and each phase by the states it runs in
         phases = {
-            "cycles_forward": ("FWD_ROW", "FWD_RUN", "FWD_HANDOFF", "FWD_SYNC", "FWD_END",
+            "cycles_forward": ("FWD_LAYER", "FWD_ROW", "FWD_RUN", "FWD_HANDOFF", "FWD_END",
                                "AFTER_FWD",
                                "INF_ROW", "INF_RUN", "INF_WRITE"),
             "cycles_loss": ("LOSS_START", "LOSS_GO", "LOSS_GO2", "LOSS_RUN"),
-            "cycles_select": ("BWD_LAYER", "BWD_LAYER2", "SCORE_TOPK", "SCORE_RANDOM",
+            "cycles_select": ("BWD_LAYER", "BWD_KEEP", "BWD_BK", "BWD_BNK", "BWD_LAYER2",
+                              "SCORE_TOPK", "SCORE_RANDOM",
                               "SELECT", "SELECT_WAIT", "PACK", "BWD_NEXT"),
             "cycles_input_grad": ("IG_START", "IG_A", "IG_RUN", "IG_DRAIN",
                                   "REQ_START", "REQ_RUN"),
