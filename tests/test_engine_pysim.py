@@ -153,3 +153,34 @@ def test_act_write_limit_follows_batch_and_inputs():
 
     run_testbench(dut, body)
     assert list(np.diff(totals)) == [10, 10, 8, 12, 21, 1, 32]
+
+
+@pytest.mark.parametrize("features", [("zero_skip", "slu"), ("zero_skip", "slu", "psg"),
+                                      ("zero_skip", "slu", "ssprop")])
+def test_builds_without_optional_units(features):
+    """A build may leave out PSG and ssProp (spec.Build.features; the iCEBreaker's does):
+    the units it keeps still match the golden model exactly."""
+    import dataclasses
+    build = dataclasses.replace(SMALL, name="lean", features=features)
+    steps = [StepSettings(lr_shift=9, zero_skip=True, update_mask=(False, True, True)),
+             StepSettings(lr_shift=8)]
+    if "psg" in features:
+        steps.append(StepSettings(psg=True, psg_tau=3, zero_skip=True))
+        steps.append(StepSettings(psg=True, psg_relative=True, psg_tau=2))
+    if "ssprop" in features:
+        steps.append(StepSettings(keep_q8=100, zero_skip=True))
+    check_against_golden([9, 7, 6, 4], 3, steps, build=build, infer=True)
+
+
+def test_left_out_units_are_not_built():
+    """Elaboration: no selector, LFSR or kept-mask memory without ssProp, no predictor
+    state without PSG; and the units every build has cannot be left out."""
+    import dataclasses
+    from amaranth.hdl import Fragment
+    lean = dataclasses.replace(SMALL, name="lean", features=("zero_skip", "slu"))
+    names = {sub[1] for sub in Fragment.get(EngineCore(lean), None).subfragments}
+    full = {sub[1] for sub in Fragment.get(EngineCore(SMALL), None).subfragments}
+    assert {"selector", "lfsr", "kmem"} <= full
+    assert not {"selector", "lfsr", "kmem"} & names
+    with pytest.raises(ValueError, match="always has the slu unit"):
+        Fragment.get(EngineCore(dataclasses.replace(SMALL, features=("zero_skip",))), None)

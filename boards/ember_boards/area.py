@@ -1,7 +1,8 @@
 """Synthesis-only area of the engine core: what each engine build costs on an FPGA family,
 in minutes instead of a full place and route.
 
-    python -m ember_boards.area --build icebreaker [--family ice40] [--json out.json]
+    python -m ember_boards.area --build icebreaker [--family ice40] [--features zero_skip,slu]
+                                [--json out.json]
 
 Converts ``EngineCore(spec.BUILDS[build])`` to RTLIL, runs ``synth_ice40 -dsp`` (or
 ``synth_ecp5``) on YoWASP Yosys and prints the cell counts of the flattened design (SB_LUT4,
@@ -10,6 +11,7 @@ MULT18X18D, DP16KD). docs/boards.md quotes these figures.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -52,12 +54,19 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ember_boards.area", description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="icebreaker", choices=sorted(spec.BUILDS))
     ap.add_argument("--family", choices=sorted(FAMILIES))
+    ap.add_argument("--features", help="comma-separated units to build instead of the "
+                    f"build's own (from {', '.join(spec.FEATURES)})")
     ap.add_argument("--json", help="also write the counts to this file")
     args = ap.parse_args(argv)
     family = args.family or DEFAULT_FAMILY.get(args.build, "ice40")
     t0 = time.monotonic()
-    cells = synthesize(spec.BUILDS[args.build], family)
-    result = {"build": args.build, "family": family, "cells": cells,
+    build = spec.BUILDS[args.build]
+    if args.features is not None:
+        build = dataclasses.replace(build, features=tuple(f for f in args.features.split(",")
+                                                          if f))
+    cells = synthesize(build, family)
+    result = {"build": args.build, "features": list(build.features), "family": family,
+              "cells": cells,
               "seconds": round(time.monotonic() - t0, 1)}
     print(json.dumps(result, indent=1))
     if args.json:

@@ -107,19 +107,30 @@ class EngineCore(wiring.Component):
                                           depth=max(1, bld.scratch_entries), init=[])
         m.submodules.lmem = lmem = Memory(shape=unsigned(16), depth=bld.max_batch, init=[])
         m.submodules.pmem = pmem = Memory(shape=unsigned(16), depth=bld.max_batch, init=[])
-        kept_depth = bld.blocks(bld.max_width)
-        m.submodules.kmem = kmem = Memory(shape=unsigned(P), depth=kept_depth, init=[])
+        # optional units (spec.FEATURES): a build without PSG or ssProp leaves their
+        # registers, states and memories out; the host never asks for them (FEATURES register)
+        has_psg = "psg" in bld.features
+        has_ssprop = "ssprop" in bld.features
+        has_random = "ssprop_random" in bld.features
+        for unit in ("zero_skip", "slu"):
+            if unit not in bld.features:
+                raise ValueError(f"build '{bld.name}': the engine always has the {unit} unit")
+        if has_ssprop:
+            m.submodules.kmem = kmem = Memory(shape=unsigned(P), depth=bld.blocks(bld.max_width),
+                                              init=[])
+            k_rd, k_wr = kmem.read_port(), kmem.write_port()
         w_rd, w_wr = wmem.rd, wmem.wr
         a_rd, a_wr = amem.read_port(), amem.write_port()
         g_rd, g_wr = gmem.read_port(), gmem.write_port(granularity=16)
         s_rd, s_wr = smem.read_port(), smem.write_port()
         l_rd, l_wr = lmem.read_port(), lmem.write_port()
         p_rd, p_wr = pmem.read_port(), pmem.write_port()
-        k_rd, k_wr = kmem.read_port(), kmem.write_port()
 
         m.submodules.loss = loss = SoftmaxGradUnit(max_classes=bld.max_width)
-        m.submodules.selector = sel = ChannelSelector(max_channels=bld.max_width)
-        m.submodules.lfsr = lfsr = Lfsr16()
+        if has_ssprop:
+            m.submodules.selector = sel = ChannelSelector(max_channels=bld.max_width)
+        if has_random:
+            m.submodules.lfsr = lfsr = Lfsr16()
 
         # ---------------------------------------------------------------- registers
         batch = Signal(BATCH)
@@ -132,6 +143,11 @@ class EngineCore(wiring.Component):
         keep_q8 = Signal(9, init=spec.KEEP_ONE)
         lfsr_seed = Signal(16, init=1)
         zero_skip_reg, psg_on, psg_rel, ss_random = (flags[i] for i in range(4))
+        off = Const(0, 1)
+        if not has_psg:
+            psg_on = psg_rel = off
+        if not has_random:
+            ss_random = off
         d_inputs = Array(Signal(WIDTH, name=f"l{i}_inputs") for i in range(L))
         d_outputs = Array(Signal(WIDTH, name=f"l{i}_outputs") for i in range(L))
         d_wbase = Array(Signal(_bits(bld.weight_words), name=f"l{i}_wbase") for i in range(L))
@@ -471,7 +487,7 @@ class EngineCore(wiring.Component):
         for i in range(P):
             m.d.comb += kept_dense[i].eq(remaining > i)
         dense = Signal()
-        m.d.comb += dense.eq(keep >= N)
+        m.d.comb += dense.eq(keep >= N if has_ssprop else 1)
 
         # memory port defaults: the bus drives them when idle
         with m.If(~busy):
@@ -483,8 +499,8 @@ class EngineCore(wiring.Component):
                 with m.If(start_train | start_infer):
                     m.d.sync += [busy.eq(1), infer_mode.eq(start_infer), b.eq(0), l.eq(0),
                                  j.eq(0), correct.eq(0), correction.eq(0), cur_half.eq(0)]
-                    m.d.comb += lfsr.load.eq(1)
-                    m.d.comb += lfsr.seed.eq(lfsr_seed)
+                    if has_random:
+                        m.d.comb += [lfsr.load.eq(1), lfsr.seed.eq(lfsr_seed)]
                     m.next = "FWD_LAYER"
 
             # ---------------- forward: for l, for b, for j: acc = W[j] . A[b]; write back
@@ -639,8 +655,11 @@ class EngineCore(wiring.Component):
                 # ssProp keeps N * keep_q8 >> 8 channels, at least 1 (all at KEEP_ONE)
                 kept = mul.product >> 8
                 with m.If(mul.done):
-                    m.d.sync += keep.eq(Mux(keep_q8 >= spec.KEEP_ONE, N,
-                                            Mux(kept == 0, 1, kept)))
+                    if has_ssprop:
+                        m.d.sync += keep.eq(Mux(keep_q8 >= spec.KEEP_ONE, N,
+                                                Mux(kept == 0, 1, kept)))
+                    else:
+                        m.d.sync += keep.eq(N)
                     m.d.comb += [mul.start.eq(1), mul.a.eq(batch), mul.b.eq(K)]
                     m.next = "BWD_BK"
             with m.State("BWD_BK"):
@@ -669,68 +688,74 @@ class EngineCore(wiring.Component):
                         m.next = "BWD_NEXT"
                     with m.Elif(dense):
                         m.next = "IG_START"
-                    with m.Elif(ss_random):
-                        m.next = "SCORE_RANDOM"
-                    with m.Else():
-                        m.next = "SCORE_TOPK"
+                    if has_random:
+                        with m.Elif(ss_random):
+                            m.next = "SCORE_RANDOM"
+                    if has_ssprop:
+                        with m.Else():
+                            m.next = "SCORE_TOPK"
 
-            # ssProp scores: sum over the batch of |dY[b, n]|, or LFSR states
-            with m.State("SCORE_TOPK"):
-                m.d.comb += [g_rd.addr.eq(g_row + (n >> LOGP)), count("grad_reads", n < N)]
-                m.d.sync += [s1_valid.eq(n < N), s1_last.eq(b == batch - 1),
-                             p.eq(n[:LOGP] if LOGP else 0)]
-                with m.If(n < N):
-                    with m.If(b == batch - 1):
-                        m.d.sync += [b.eq(0), n.eq(n + 1), g_row.eq(gbase)]
-                    with m.Else():
-                        m.d.sync += [b.eq(b + 1), g_row.eq(g_row + nb)]
-                g = Array(g_lane)[p]
-                mag = Mux(g < 0, -g, g)
-                with m.If(s1_valid):
-                    with m.If(s1_last):
+            if has_ssprop:
+                # ssProp scores: sum over the batch of |dY[b, n]|, or LFSR states
+                with m.State("SCORE_TOPK"):
+                    m.d.comb += [g_rd.addr.eq(g_row + (n >> LOGP)), count("grad_reads", n < N)]
+                    m.d.sync += [s1_valid.eq(n < N), s1_last.eq(b == batch - 1),
+                                 p.eq(n[:LOGP] if LOGP else 0)]
+                    with m.If(n < N):
+                        with m.If(b == batch - 1):
+                            m.d.sync += [b.eq(0), n.eq(n + 1), g_row.eq(gbase)]
+                        with m.Else():
+                            m.d.sync += [b.eq(b + 1), g_row.eq(g_row + nb)]
+                    g = Array(g_lane)[p]
+                    mag = Mux(g < 0, -g, g)
+                    with m.If(s1_valid):
+                        with m.If(s1_last):
+                            m.d.comb += [sel.score_we.eq(1), sel.score_index.eq(n - 1),
+                                         sel.score_data.eq(score + mag)]
+                            m.d.sync += score.eq(0)
+                        with m.Else():
+                            m.d.sync += score.eq(score + mag)
+                    with m.If((n == N) & s1_valid & s1_last):
+                        m.next = "SELECT"
+                with m.State("SELECT"):
+                    m.d.comb += [sel.start.eq(1), sel.channels.eq(N), sel.keep.eq(keep)]
+                    m.next = "SELECT_WAIT"
+                with m.State("SELECT_WAIT"):
+                    m.d.comb += [sel.channels.eq(N), sel.keep.eq(keep)]
+                    with m.If(sel.done):
+                        m.d.sync += [n.eq(0), s1_valid.eq(0), packed.eq(0)]
+                        m.next = "PACK"
+                with m.State("PACK"):
+                    # the kept mask as one P-bit word per block
+                    m.d.comb += sel.kept_index.eq(n)
+                    m.d.sync += [s1_valid.eq(n < N), n.eq(Mux(n < N, n + 1, n))]
+                    idx = n - 1
+                    with m.If(s1_valid):
+                        word = packed | (sel.kept << idx[:LOGP])
+                        m.d.sync += packed.eq(word)
+                        with m.If((idx[:LOGP] == P - 1) | (idx == N - 1)):
+                            m.d.comb += [k_wr.addr.eq(idx >> LOGP), k_wr.data.eq(word),
+                                         k_wr.en.eq(1)]
+                            m.d.sync += packed.eq(0)
+                    with m.If((n == N) & s1_valid):
+                        m.next = "IG_START"
+
+            if has_random:
+                with m.State("SCORE_RANDOM"):
+                    # step the LFSR in one cycle, write its new state in the next
+                    m.d.comb += lfsr.step.eq(n < N)
+                    m.d.sync += [s1_valid.eq(n < N), n.eq(Mux(n < N, n + 1, n))]
+                    with m.If(s1_valid):
                         m.d.comb += [sel.score_we.eq(1), sel.score_index.eq(n - 1),
-                                     sel.score_data.eq(score + mag)]
-                        m.d.sync += score.eq(0)
-                    with m.Else():
-                        m.d.sync += score.eq(score + mag)
-                with m.If((n == N) & s1_valid & s1_last):
-                    m.next = "SELECT"
-            with m.State("SCORE_RANDOM"):
-                # step the LFSR in one cycle, write its new state in the next
-                m.d.comb += lfsr.step.eq(n < N)
-                m.d.sync += [s1_valid.eq(n < N), n.eq(Mux(n < N, n + 1, n))]
-                with m.If(s1_valid):
-                    m.d.comb += [sel.score_we.eq(1), sel.score_index.eq(n - 1),
-                                 sel.score_data.eq(lfsr.state)]
-                with m.If((n == N) & s1_valid):
-                    m.next = "SELECT"
-            with m.State("SELECT"):
-                m.d.comb += [sel.start.eq(1), sel.channels.eq(N), sel.keep.eq(keep)]
-                m.next = "SELECT_WAIT"
-            with m.State("SELECT_WAIT"):
-                m.d.comb += [sel.channels.eq(N), sel.keep.eq(keep)]
-                with m.If(sel.done):
-                    m.d.sync += [n.eq(0), s1_valid.eq(0), packed.eq(0)]
-                    m.next = "PACK"
-            with m.State("PACK"):
-                # the kept mask as one P-bit word per block
-                m.d.comb += sel.kept_index.eq(n)
-                m.d.sync += [s1_valid.eq(n < N), n.eq(Mux(n < N, n + 1, n))]
-                idx = n - 1
-                with m.If(s1_valid):
-                    word = packed | (sel.kept << idx[:LOGP])
-                    m.d.sync += packed.eq(word)
-                    with m.If((idx[:LOGP] == P - 1) | (idx == N - 1)):
-                        m.d.comb += [k_wr.addr.eq(idx >> LOGP), k_wr.data.eq(word),
-                                     k_wr.en.eq(1)]
-                        m.d.sync += packed.eq(0)
-                with m.If((n == N) & s1_valid):
-                    m.next = "IG_START"
-
+                                     sel.score_data.eq(lfsr.state)]
+                    with m.If((n == N) & s1_valid):
+                        m.next = "SELECT"
             # kept lanes of block j: from the selector, or every existing lane when dense
             kept_j = Signal(P)
-            m.d.comb += kept_j.eq(Mux(dense, kept_dense, k_rd.data))
-            m.d.comb += k_rd.addr.eq(j)
+            if has_ssprop:
+                m.d.comb += [kept_j.eq(Mux(dense, kept_dense, k_rd.data)), k_rd.addr.eq(j)]
+            else:
+                m.d.comb += kept_j.eq(kept_dense)
 
             # ---------------- input gradient: for b, k: dX = sum over kept n of W * dY
             with m.State("IG_START"):
@@ -755,7 +780,8 @@ class EngineCore(wiring.Component):
                 with m.State(state):
                     # stage 1: the products of the kept lanes of the block read last cycle
                     kept1 = Signal(P, name=f"kept1_{state}")
-                    m.d.comb += kept1.eq(Mux(dense, s1_lanes, k_rd.data))
+                    m.d.comb += kept1.eq(Mux(dense, s1_lanes, k_rd.data) if has_ssprop
+                                         else s1_lanes)
                     for i in range(P):
                         m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
                     tree = sum(Mux(kept1[i], prod[i], 0) for i in range(P))
@@ -865,13 +891,18 @@ class EngineCore(wiring.Component):
                 m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0), live_count.eq(0),
                              a_row.eq(abase), g_row.eq(gbase)]
                 m.d.sync += [a.eq(0) for a in acc]
-                m.d.sync += [q.eq(0) for q in pred]
-                with m.If(psg_on):
-                    m.next = "WG_LOW"
-                with m.Else():
+                if has_psg:
+                    m.d.sync += [q.eq(0) for q in pred]
+                    with m.If(psg_on):
+                        m.next = "WG_LOW"
+                    with m.Else():
+                        m.next = "WG_FULL"
+                else:
                     m.next = "WG_FULL"
-            # full-precision pass over the batch (SGD, or the PSG recompute of uncertain lanes)
-            for state, low in (("WG_FULL", False), ("WG_LOW", True)):
+            # full-precision pass over the batch (SGD, or the PSG recompute of uncertain
+            # lanes), and the PSG predictor's low-precision pass
+            passes = (("WG_FULL", False), ("WG_LOW", True)) if has_psg else (("WG_FULL", False),)
+            for state, low in passes:
                 with m.State(state):
                     recompute = psg_on & ~psg_pass_a if not low else None
                     gate = Signal(P, name=f"gate_{state}")
@@ -930,33 +961,34 @@ class EngineCore(wiring.Component):
                             m.next = "PSG_DECIDE"
                         else:
                             m.next = "UPD_HANDOFF"
-            with m.State("PSG_DECIDE"):
-                mags = [Mux(q < 0, -q, q).as_unsigned() for q in pred]
-                tau = Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau)
-                conf = Cat(*[lanes_on[i] & (mags[i] > tau) for i in range(P)])
-                with m.If(psg_pass_a):
-                    # relative mode, first pass: only the maximum over kept lanes, found
-                    # one lane per cycle
-                    m.d.sync += p.eq(0)
-                    m.next = "PSG_MAX"
-                with m.Else():
-                    # skip_psg, live_count per confident lane, is counted by the update
-                    # unit, one lane per cycle
-                    m.d.sync += [confident.eq(conf), uncertain.eq(lanes_on & ~conf)]
-                    with m.If((lanes_on & ~conf) != 0):
-                        m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0),
-                                     a_row.eq(abase), g_row.eq(gbase)]
-                        m.next = "WG_FULL"
+            if has_psg:
+                with m.State("PSG_DECIDE"):
+                    mags = [Mux(q < 0, -q, q).as_unsigned() for q in pred]
+                    tau = Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau)
+                    conf = Cat(*[lanes_on[i] & (mags[i] > tau) for i in range(P)])
+                    with m.If(psg_pass_a):
+                        # relative mode, first pass: only the maximum over kept lanes, found
+                        # one lane per cycle
+                        m.d.sync += p.eq(0)
+                        m.next = "PSG_MAX"
                     with m.Else():
-                        m.next = "UPD_HANDOFF"
-            with m.State("PSG_MAX"):
-                q = Array(pred)[p]
-                mag_p = Mux(q < 0, -q, q).as_unsigned()
-                with m.If(lanes_on.bit_select(p, 1) & (mag_p > psg_max)):
-                    m.d.sync += psg_max.eq(mag_p)
-                m.d.sync += p.eq(p + 1)
-                with m.If(p == P - 1):
-                    m.next = "WG_NEXT_K"
+                        # skip_psg, live_count per confident lane, is counted by the update
+                        # unit, one lane per cycle
+                        m.d.sync += [confident.eq(conf), uncertain.eq(lanes_on & ~conf)]
+                        with m.If((lanes_on & ~conf) != 0):
+                            m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0),
+                                         a_row.eq(abase), g_row.eq(gbase)]
+                            m.next = "WG_FULL"
+                        with m.Else():
+                            m.next = "UPD_HANDOFF"
+                with m.State("PSG_MAX"):
+                    q = Array(pred)[p]
+                    mag_p = Mux(q < 0, -q, q).as_unsigned()
+                    with m.If(lanes_on.bit_select(p, 1) & (mag_p > psg_max)):
+                        m.d.sync += psg_max.eq(mag_p)
+                    m.d.sync += p.eq(p + 1)
+                    with m.If(p == P - 1):
+                        m.next = "WG_NEXT_K"
             with m.State("UPD_HANDOFF"):
                 # hand (j, k)'s gradient to the update unit, which writes it back while the
                 # next (j, k) accumulates; wait only if it is still busy with the last one
@@ -1104,5 +1136,6 @@ class EngineCore(wiring.Component):
         }
         m.d.comb += count("cycles", busy)
         for name, states in phases.items():
+            states = [st for st in states if st in fsm.encoding]     # units left out
             m.d.comb += count(name, sum(fsm.ongoing(st) for st in states) != 0)
         return m
