@@ -456,6 +456,7 @@ class EngineCore(wiring.Component):
         relu_live = Signal()
         live_count = Signal(BATCH)          # PSG: live samples of the low pass of (j, k)
         psg_max = Signal(PRED)
+        psg_thr = Signal(32)                # the threshold of PSG_DECIDE, set in WG_K
         psg_pass_a = Signal()               # relative mode: first pass, finds the maximum
         pred = [Signal(signed(PRED), name=f"pred{i}") for i in range(P)]
         confident = Signal(P)
@@ -766,15 +767,21 @@ class EngineCore(wiring.Component):
                     m.next = "WG_START"
             # Pipelined over (b, k) with j innermost: one issue slot per block (one slot for
             # a (b, k) skipped as zero); A of the next (b, k) is read while the current one's
-            # slots run, and stage 1 adds the lanes' products (adder tree) and writes dX.
+            # slots run. Stage 1 registers the kept lanes' products, stage 2 adds them (adder
+            # tree) into dX and writes it at the (b, k)'s last slot, stage 3 keeps max |dX|.
             sidx = Signal(range(bld.scratch_entries + 1))       # b*K + k of the current slot
             relu_cur = Signal()
             s1_relu, s1_live = Signal(), Signal()
             s1_sidx = Signal.like(sidx)
+            ig_prod = [Signal(signed(32), name=f"ig_prod{i}") for i in range(P)]
+            s2_relu = Signal()
+            s2_sidx = Signal.like(sidx)
+            s3_valid = Signal()
+            s3_dx = Signal(signed(spec.DX_BITS))
             with m.State("IG_A"):
                 m.d.comb += a_rd.addr.eq(abase)
-                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), sidx.eq(0),
-                             w_row.eq(wbase), g_row.eq(gbase)]
+                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), s2_valid.eq(0),
+                             s3_valid.eq(0), sidx.eq(0), w_row.eq(wbase), g_row.eq(gbase)]
                 m.next = "IG_RUN"
             for state in ("IG_RUN", "IG_DRAIN"):
                 with m.State(state):
@@ -784,29 +791,35 @@ class EngineCore(wiring.Component):
                                          else s1_lanes)
                     for i in range(P):
                         m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
-                    tree = sum(Mux(kept1[i], prod[i], 0) for i in range(P))
+                        m.d.sync += ig_prod[i].eq(Mux(s1_valid & s1_live & kept1[i], prod[i], 0))
+                    m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last),
+                                 s2_relu.eq(s1_relu), s2_sidx.eq(s1_sidx)]
+                    with m.If(s1_valid & s1_live):
+                        m.d.comb += [count("mac_input_grad", popcount(kept1)),
+                                     count("weight_reads", popcount(kept1)),
+                                     count("grad_lane_reads", popcount(kept1))]
+                    # stage 2: sum into dX; written at the last slot of its (b, k)
                     total = Signal(signed(DACC), name=f"dx_total_{state}")
-                    m.d.comb += total.eq(dx_acc + Mux(s1_live, tree, 0))
+                    m.d.comb += total.eq(dx_acc + sum(ig_prod))
                     lim = (1 << (spec.DX_BITS - 1)) - 1
                     dx = Signal(signed(spec.DX_BITS), name=f"dx_{state}")
-                    m.d.comb += dx.eq(Mux(s1_relu, saturate(total, -lim - 1, lim), 0))
-                    mag = Mux(dx < 0, -dx, dx).as_unsigned()
-                    with m.If(s1_valid):
-                        with m.If(s1_live):
-                            m.d.comb += [count("mac_input_grad", popcount(kept1)),
-                                         count("weight_reads", popcount(kept1)),
-                                         count("grad_lane_reads", popcount(kept1))]
-                        with m.If(s1_last):
-                            m.d.comb += [s_wr.addr.eq(s1_sidx), s_wr.data.eq(dx),
+                    m.d.comb += dx.eq(Mux(s2_relu, saturate(total, -lim - 1, lim), 0))
+                    m.d.sync += [s3_valid.eq(s2_valid & s2_last), s3_dx.eq(dx)]
+                    with m.If(s2_valid):
+                        with m.If(s2_last):
+                            m.d.comb += [s_wr.addr.eq(s2_sidx), s_wr.data.eq(dx),
                                          s_wr.en.eq(1), count("grad_writes")]
                             m.d.sync += dx_acc.eq(0)
-                            with m.If(mag > dx_max):
-                                m.d.sync += dx_max.eq(mag)
                         with m.Else():
                             m.d.sync += dx_acc.eq(total)
+                    # stage 3: the largest |dX| of the batch sets its scale (REQ_START)
+                    mag = Mux(s3_dx < 0, -s3_dx, s3_dx).as_unsigned()
+                    with m.If(s3_valid & (mag > dx_max)):
+                        m.d.sync += dx_max.eq(mag)
                     if state == "IG_DRAIN":
                         m.d.sync += s1_valid.eq(0)
-                        m.next = "REQ_START"
+                        with m.If(~s1_valid & ~s2_valid & ~s3_valid):
+                            m.next = "REQ_START"
                         continue
                     # stage 0: slot j of (b, k); A[b, k] arrived in slot 0
                     first = j == 0
@@ -893,6 +906,7 @@ class EngineCore(wiring.Component):
                 m.d.sync += [a.eq(0) for a in acc]
                 if has_psg:
                     m.d.sync += [q.eq(0) for q in pred]
+                    m.d.sync += psg_thr.eq(Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau))
                     with m.If(psg_on):
                         m.next = "WG_LOW"
                     with m.Else():
@@ -964,8 +978,7 @@ class EngineCore(wiring.Component):
             if has_psg:
                 with m.State("PSG_DECIDE"):
                     mags = [Mux(q < 0, -q, q).as_unsigned() for q in pred]
-                    tau = Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau)
-                    conf = Cat(*[lanes_on[i] & (mags[i] > tau) for i in range(P)])
+                    conf = Cat(*[lanes_on[i] & (mags[i] > psg_thr) for i in range(P)])
                     with m.If(psg_pass_a):
                         # relative mode, first pass: only the maximum over kept lanes, found
                         # one lane per cycle
@@ -1039,65 +1052,93 @@ class EngineCore(wiring.Component):
 
         # ---------------------------------------------------------------- writeback unit
         # forward outputs of one block, one lane per cycle through the requantizer: ReLU and
-        # UQ2.6 bytes into the activation memory, or Q7.8 logits into the gradient memory
+        # UQ2.6 bytes into the activation memory, or Q7.8 logits into the gradient memory.
+        # Stage A takes the lane at the head of u_src (which shifts down one lane per cycle,
+        # so no P-way multiplexer), stage B rounds and shifts it, stage C saturates and writes.
+        wb_head = Signal(signed(LACC))
+        wb_y = Signal(signed(LACC + 1))
+        wb_head_on, wb_y_on = Signal(), Signal()
+        wb_head_lane, wb_y_lane = Signal(range(P)), Signal(range(P))
+        wb_b_valid, wb_c_valid = Signal(), Signal()
         with m.FSM(name="writeback"):
             with m.State("W_IDLE"):
-                m.d.sync += wp.eq(0)
+                m.d.sync += [wp.eq(0), wb_b_valid.eq(0), wb_c_valid.eq(0)]
                 with m.If(wb_busy):
                     m.next = "W_LANE"
             with m.State("W_LANE"):
-                y = Signal(signed(LACC + 1))
-                m.d.comb += y.eq(round_shift(Array(u_src)[wp], wb_shift, LACC))
-                with m.If(wb_lanes.bit_select(wp, 1)):
+                with m.If(wp < P):
+                    m.d.sync += [wb_head.eq(u_src[0]), wb_head_on.eq(wb_lanes[0]),
+                                 wb_head_lane.eq(wp), wb_lanes.eq(wb_lanes >> 1), wp.eq(wp + 1)]
+                    m.d.sync += [u_src[i].eq(u_src[i + 1]) for i in range(P - 1)]
+                m.d.sync += [wb_b_valid.eq(wp < P), wb_c_valid.eq(wb_b_valid),
+                             wb_y.eq(round_shift(wb_head, wb_shift, LACC)),
+                             wb_y_on.eq(wb_head_on), wb_y_lane.eq(wb_head_lane)]
+                with m.If(wb_c_valid & wb_y_on):
                     with m.If(wb_last):
-                        logit = saturate(y, -32768, 32767)
+                        logit = saturate(wb_y, -32768, 32767)
                         m.d.comb += [g_wr.addr.eq(wb_word),
                                      g_wr.data.eq(logit.as_unsigned()[:16].replicate(P)),
-                                     g_wr.en.eq(1 << wp), count("grad_writes")]
+                                     g_wr.en.eq(1 << wb_y_lane), count("grad_writes")]
                     with m.Else():
-                        m.d.comb += [a_wr.addr.eq(wb_act + wp),
-                                     a_wr.data.eq(saturate(y, 0, 255)[:8]), a_wr.en.eq(1),
+                        m.d.comb += [a_wr.addr.eq(wb_act + wb_y_lane),
+                                     a_wr.data.eq(saturate(wb_y, 0, 255)[:8]), a_wr.en.eq(1),
                                      count("act_writes")]
-                m.d.sync += wp.eq(wp + 1)
-                with m.If(wp == P - 1):
+                with m.If((wp == P) & ~wb_b_valid):
                     m.d.sync += wb_busy.eq(0)
                     m.next = "W_IDLE"
 
         # ---------------------------------------------------------------- update unit
         # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), one lane per
-        # cycle through one shared shifter; only changed lanes are written.
+        # cycle through one shared shifter; only changed lanes are written. Stage A takes the
+        # head lane of u_src and of the weight word (both shift down a lane per cycle), stage
+        # B rounds and shifts the gradient (or takes the PSG step), stage C subtracts,
+        # saturates and shifts the new weight into u_new.
+        ua_src = Signal(signed(LACC))
+        ua_old, ub_old = Signal(signed(W)), Signal(signed(W))
+        ua_on, ub_on = Signal(), Signal()
+        ub_valid, uc_valid = Signal(), Signal()
+        ub_delta = Signal(signed(LACC + 2))
+        u_new = Signal(P * W)
         with m.FSM(name="update") as ufsm:
             with m.State("U_IDLE"):
                 with m.If(u_busy):
                     m.next = "U_READ"
             with m.State("U_READ"):
                 m.d.comb += [w_rd.addr.eq(u_addr), count("weight_reads", popcount(u_lanes))]
-                m.d.sync += [up.eq(0), u_changed.eq(0)]
+                m.d.sync += [up.eq(0), ub_valid.eq(0), uc_valid.eq(0)]
                 m.next = "U_LATCH"
             with m.State("U_LATCH"):
                 m.d.sync += u_word.eq(w_rd.data)
                 m.next = "U_LANE"
             with m.State("U_LANE"):
-                old = u_word.word_select(up, W).as_signed()
-                src = Array(u_src)[up]
+                # stage A
+                with m.If(up < P):
+                    m.d.sync += [ua_src.eq(u_src[0]), ua_old.eq(u_word[:W]), ua_on.eq(u_lanes[0]),
+                                 u_word.eq(u_word >> W), u_lanes.eq(u_lanes >> 1),
+                                 u_skip.eq(u_skip >> 1), up.eq(up + 1)]
+                    m.d.sync += [u_src[i].eq(u_src[i + 1]) for i in range(P - 1)]
+                    with m.If(u_skip[0]):
+                        # a confident lane skipped the full MAC of every live sample
+                        m.d.comb += count("skip_psg", u_live)
+                m.d.sync += ub_valid.eq(up < P)
+                # stage B: the amount to subtract
                 step = (Const(1, unsigned(16)) << psg_step)[:16]
-                delta = Signal(signed(18))
-                m.d.comb += delta.eq(Mux(src > 0, step, 0) - Mux(src < 0, step, 0))
-                new = Signal(signed(LACC + 2))
-                m.d.comb += new.eq(Mux(psg_on, old - delta,
-                                       old - round_shift(src, u_shift, LACC)))
+                sign_step = Mux(ua_src > 0, step, 0) - Mux(ua_src < 0, step, 0)
+                m.d.sync += [ub_delta.eq(Mux(psg_on, sign_step,
+                                             round_shift(ua_src, u_shift, LACC))),
+                             ub_old.eq(ua_old), ub_on.eq(ua_on), uc_valid.eq(ub_valid)]
+                # stage C: the new weight, saturated; written only if it changed
+                new = Signal(signed(LACC + 3))
+                m.d.comb += new.eq(ub_old - ub_delta)
                 newsat = saturate(new, -32768, 32767)
-                with m.If(u_lanes.bit_select(up, 1) & (newsat != old)):
-                    m.d.sync += [u_word.word_select(up, W).eq(newsat[:W]),
-                                 u_changed.bit_select(up, 1).eq(1)]
-                with m.If(u_skip.bit_select(up, 1)):
-                    # a confident lane skipped the full MAC of every live sample
-                    m.d.comb += count("skip_psg", u_live)
-                m.d.sync += up.eq(up + 1)
-                with m.If(up == P - 1):
+                changed = ub_on & (newsat != ub_old)
+                with m.If(uc_valid):
+                    m.d.sync += [u_new.eq(Cat(u_new[W:], Mux(changed, newsat[:W], ub_old))),
+                                 u_changed.eq(Cat(u_changed[1:], changed))]
+                with m.If((up == P) & ~ub_valid):
                     m.next = "U_WRITE"
             with m.State("U_WRITE"):
-                m.d.comb += [w_wr.addr.eq(u_addr), w_wr.data.eq(u_word), w_wr.en.eq(u_changed),
+                m.d.comb += [w_wr.addr.eq(u_addr), w_wr.data.eq(u_new), w_wr.en.eq(u_changed),
                              count("weight_writes", popcount(u_changed))]
                 m.d.sync += u_busy.eq(0)
                 m.next = "U_IDLE"
