@@ -440,6 +440,11 @@ class EngineCore(wiring.Component):
         s1_valid, s2_valid = Signal(), Signal()
         s1_last, s2_last = Signal(), Signal()
         s2_live = Signal()
+        # stage 3 of the forward and weight-gradient loops: registered products, accumulated
+        # into the lanes marked in m3_gate
+        prod_r = [Signal(signed(32), name=f"prod_r{i}") for i in range(P)]
+        m3_valid, m3_last = Signal(), Signal()
+        m3_gate = Signal(P)
         s2_act = Signal(8)
         lanes_on = Signal(P)                # kept lanes of the current block
         s1_lanes = Signal(P)
@@ -515,7 +520,8 @@ class EngineCore(wiring.Component):
                                  g_row.eq(gbase)]
                     m.next = "FWD_ROW"
             with m.State("FWD_ROW"):
-                m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0)]
+                m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0), m3_valid.eq(0),
+                             m3_last.eq(0)]
                 m.d.sync += [a.eq(0) for a in acc]
                 m.next = "FWD_RUN"
             with m.State("FWD_RUN"):
@@ -537,15 +543,20 @@ class EngineCore(wiring.Component):
                         m.d.comb += count("skip_zero", popcount(lanes_valid))
                 m.d.sync += [s2_valid.eq(s1_valid), s2_live.eq(live1), s2_act.eq(a_val),
                              s2_last.eq(s1_last)]
-                # stage 2: MAC
+                # stage 2: multiply
                 for i in range(P):
                     m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(s2_act)]
+                    m.d.sync += prod_r[i].eq(prod[i])
+                m.d.sync += [m3_valid.eq(s2_valid & s2_live), m3_last.eq(s2_valid & s2_last),
+                             m3_gate.eq(lanes_valid)]
                 with m.If(s2_valid & s2_live):
                     m.d.comb += count("mac_forward", popcount(lanes_valid))
+                # stage 3: accumulate
+                with m.If(m3_valid):
                     for i in range(P):
-                        with m.If(lanes_valid[i]):
-                            m.d.sync += acc[i].eq(acc[i] + prod[i])
-                with m.If(s2_valid & s2_last):
+                        with m.If(m3_gate[i]):
+                            m.d.sync += acc[i].eq(acc[i] + prod_r[i])
+                with m.If(m3_last):
                     m.next = "FWD_HANDOFF"
             with m.State("FWD_HANDOFF"):
                 # the writeback unit requantizes and writes this block while the next block
@@ -902,6 +913,7 @@ class EngineCore(wiring.Component):
                     m.next = "WG_K"
             with m.State("WG_K"):
                 m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0), live_count.eq(0),
+                             m3_valid.eq(0), m3_last.eq(0),
                              a_row.eq(abase), g_row.eq(gbase)]
                 m.d.sync += [a.eq(0) for a in acc]
                 if has_psg:
@@ -951,26 +963,33 @@ class EngineCore(wiring.Component):
                                 m.d.comb += count("skip_zero", popcount(gate))
                     m.d.sync += [s2_valid.eq(s1_valid), s2_live.eq(live1), s2_act.eq(av),
                                  s2_last.eq(s1_last)]
-                    # stage 2: MAC
+                    # stage 2: multiply
+                    drop = 16 - spec.PSG_GRAD_MSBS
                     for i in range(P):
                         if low:
+                            # the top bits of the magnitude with the sign: dY / 2**drop
+                            # truncated toward zero, in one add: (g + (2**drop - 1 if g < 0))
                             gi = g_lane[i]
-                            mag8 = (Mux(gi < 0, -gi, gi) >> (16 - spec.PSG_GRAD_MSBS))
-                            hi = Mux(gi < 0, -mag8, mag8)
+                            hi = (gi + Mux(gi < 0, (1 << drop) - 1, 0)) >> drop
                             m.d.comb += [mul_a[i].eq(hi),
                                          mul_b[i].eq(s2_act >> (8 - spec.PSG_ACT_MSBS))]
                         else:
                             m.d.comb += [mul_a[i].eq(g_lane[i]), mul_b[i].eq(s2_act)]
+                        m.d.sync += prod_r[i].eq(prod[i])
+                    m.d.sync += [m3_valid.eq(s2_valid & s2_live),
+                                 m3_last.eq(s2_valid & s2_last), m3_gate.eq(gate)]
                     with m.If(s2_valid & s2_live):
                         m.d.comb += count("mac_weight_grad_low" if low else "mac_weight_grad",
                                           popcount(gate))
+                    # stage 3: accumulate
+                    with m.If(m3_valid):
                         for i in range(P):
-                            with m.If(gate[i]):
+                            with m.If(m3_gate[i]):
                                 if low:
-                                    m.d.sync += pred[i].eq(pred[i] + prod[i])
+                                    m.d.sync += pred[i].eq(pred[i] + prod_r[i])
                                 else:
-                                    m.d.sync += acc[i].eq(acc[i] + prod[i])
-                    with m.If(s2_valid & s2_last):
+                                    m.d.sync += acc[i].eq(acc[i] + prod_r[i])
+                    with m.If(m3_last):
                         if low:
                             m.next = "PSG_DECIDE"
                         else:
@@ -990,6 +1009,7 @@ class EngineCore(wiring.Component):
                         m.d.sync += [confident.eq(conf), uncertain.eq(lanes_on & ~conf)]
                         with m.If((lanes_on & ~conf) != 0):
                             m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0),
+                                         m3_valid.eq(0), m3_last.eq(0),
                                          a_row.eq(abase), g_row.eq(gbase)]
                             m.next = "WG_FULL"
                         with m.Else():
