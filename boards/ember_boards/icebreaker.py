@@ -23,11 +23,17 @@ __all__ = ["BOARD", "ICEBreakerTop", "platform"]
 BOARD = "icebreaker"
 #: The board oscillator (ICEBreakerPlatform's "clk12").
 BOARD_CLOCK_HZ = 12_000_000
+CLOCK_RESOURCE = "clk12"
+#: The status LEDs: role (ember_boards.common.engine_on_uart) -> (resource, number).
+LEDS = {"busy": ("led_r", 0), "heartbeat": ("led_g", 0), "link_busy": ("led_r", 1)}
 
 
-def platform():
-    """The iCEBreaker platform with the snap-off LED board's resources added."""
-    plat = ICEBreakerPlatform()
+def platform(platform_class=ICEBreakerPlatform):
+    """The iCEBreaker platform with the snap-off LED board's resources added.
+
+    platform_class: ICEBreakerPlatform or a subclass of it (ember_sim.board_sim's simulation
+    platform)."""
+    plat = platform_class()
     plat.add_resources(plat.break_off_pmod)
     return plat
 
@@ -36,17 +42,20 @@ class ICEBreakerTop(Elaboratable):
     """The engine on an iCEBreaker.
 
     build: the engine build (default spec.BUILDS["icebreaker"]); its clock_hz is the PLL target.
+    baud: the UART's rate (default spec.DEFAULT_BAUD); a simulation of the top
+    (ember_sim.board_sim) passes a much faster one so its bytes take a few cycles per bit.
     Attribute ``pll``: the PllConfig used; ``clock_hz``: the engine clock it gives.
     """
 
-    def __init__(self, build=spec.BUILDS[BOARD]):
+    def __init__(self, build=spec.BUILDS[BOARD], baud=spec.DEFAULT_BAUD):
         self.build = build
+        self.baud = baud
         self.pll = ice40_pll(BOARD_CLOCK_HZ, build.clock_hz)
         self.clock_hz = self.pll.f_out_hz
 
     def elaborate(self, platform):
         m = Module()
-        clk_pin = platform.request("clk12", 0, dir="-")
+        clk_pin = platform.request(CLOCK_RESOURCE, 0, dir="-")
         pll_clk = Signal()
         pll_lock = Signal()
         prm = self.pll.params
@@ -62,8 +71,6 @@ class ICEBreakerTop(Elaboratable):
         # nextpnr derives the engine clock's constraint from the PLL's dividers and the board
         # clock's constraint (its log: "Derived frequency constraint ... for net clk")
         engine_domain(m, pll_clk, pll_lock, hold_cycles_for(self.clock_hz))
-        leds = {"busy": output_pin(m, platform, "led_r", 0),
-                "heartbeat": output_pin(m, platform, "led_g", 0),
-                "link_busy": output_pin(m, platform, "led_r", 1)}
-        engine_on_uart(m, platform, self.build, self.clock_hz, leds)
+        leds = {role: output_pin(m, platform, *resource) for role, resource in LEDS.items()}
+        engine_on_uart(m, platform, self.build, self.clock_hz, leds, self.baud)
         return m

@@ -27,6 +27,9 @@ __all__ = ["BOARD", "EmberULX3SPlatform", "ULX3STop", "platform"]
 BOARD = "ulx3s"
 #: The board oscillator (ULX3S platform's "clk25").
 BOARD_CLOCK_HZ = 25_000_000
+CLOCK_RESOURCE = "clk25"
+#: The status LEDs: role (ember_boards.common.engine_on_uart) -> (resource, number).
+LEDS = {"busy": ("led", 0), "link_busy": ("led", 1), "heartbeat": ("led", 7)}
 
 
 class EmberULX3SPlatform(ULX3S_85F_Platform):
@@ -37,26 +40,32 @@ class EmberULX3SPlatform(ULX3S_85F_Platform):
         return [tool for tool in super().required_tools if tool != "openFPGALoader"]
 
 
-def platform():
-    """The ULX3S-85F platform used for Ember builds."""
-    return EmberULX3SPlatform()
+def platform(platform_class=EmberULX3SPlatform):
+    """The ULX3S-85F platform used for Ember builds.
+
+    platform_class: EmberULX3SPlatform or a subclass of it (ember_sim.board_sim's simulation
+    platform)."""
+    return platform_class()
 
 
 class ULX3STop(Elaboratable):
     """The engine on a ULX3S-85F.
 
     build: the engine build (default spec.BUILDS["ulx3s"]); its clock_hz is the PLL target.
+    baud: the UART's rate (default spec.DEFAULT_BAUD); a simulation of the top
+    (ember_sim.board_sim) passes a much faster one so its bytes take a few cycles per bit.
     Attribute ``pll``: the PllConfig used; ``clock_hz``: the engine clock it gives.
     """
 
-    def __init__(self, build=spec.BUILDS[BOARD]):
+    def __init__(self, build=spec.BUILDS[BOARD], baud=spec.DEFAULT_BAUD):
         self.build = build
+        self.baud = baud
         self.pll = ecp5_pll(BOARD_CLOCK_HZ, build.clock_hz)
         self.clock_hz = self.pll.f_out_hz
 
     def elaborate(self, platform):
         m = Module()
-        clk_pin = platform.request("clk25", 0, dir="-")
+        clk_pin = platform.request(CLOCK_RESOURCE, 0, dir="-")
         m.submodules.clk25_buf = clk25_buf = io.Buffer("i", clk_pin)
         pll_clk = Signal()
         pll_lock = Signal()
@@ -81,8 +90,6 @@ class ULX3STop(Elaboratable):
         # nextpnr derives the engine clock's constraint from the PLL's dividers and the board
         # clock's constraint (its log: "Derived frequency constraint ... for net clk")
         engine_domain(m, pll_clk, pll_lock, hold_cycles_for(self.clock_hz))
-        leds = {"busy": output_pin(m, platform, "led", 0),
-                "link_busy": output_pin(m, platform, "led", 1),
-                "heartbeat": output_pin(m, platform, "led", 7)}
-        engine_on_uart(m, platform, self.build, self.clock_hz, leds)
+        leds = {role: output_pin(m, platform, *resource) for role, resource in LEDS.items()}
+        engine_on_uart(m, platform, self.build, self.clock_hz, leds, self.baud)
         return m

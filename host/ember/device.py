@@ -264,10 +264,11 @@ def open_board(port, baud=spec.DEFAULT_BAUD, retries=5, timeout=None):
 
 
 def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=None,
-             start_timeout=900.0):
+             start_timeout=900.0, top=None):
     """Start the simulated board (ember_sim.board) in its own process and connect to it over
     a loopback socket. Closing the device closes the socket; the simulator then ends, and is
-    killed if it does not."""
+    killed if it does not. `top` ("icebreaker" or "ulx3s") simulates that board's real top
+    instead, every byte crossing its UART pins (ember_sim.board_sim)."""
     import os
     import signal
     import subprocess
@@ -284,6 +285,8 @@ def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=No
            "--build", build.name, "--port-file", port_file]
     if uart:
         cmd.append("--uart")
+    if top:
+        cmd += ["--top", top]
     log_file = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)

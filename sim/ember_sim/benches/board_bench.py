@@ -2,12 +2,26 @@
 
 The host opens `socket://127.0.0.1:PORT` with pyserial (exactly as it opens a board's serial
 port) and talks the link protocol; this bench moves the bytes between the socket and the
-SimBoard FIFOs and otherwise lets the simulation run in large steps. It ends when the host
-closes the connection.
+design and otherwise lets the simulation run in large steps. It ends when the host closes the
+connection. Two designs, one serving loop (`_serve`) with an adapter for each:
+
+``serve``: the SimBoard of ember_sim.board_top (`_FifoLink`): bytes go through its host-side
+FIFOs, and its `busy` and `idle` outputs tell when the engine is done.
+
+``serve_pins``: a real board top (ember_sim.board_sim; selected by name) driven through its
+pins only (`_PinLink`): the bench drives the clock pin, sends the host's bytes as 8N1 bits on
+the UART rx pin and reads the tx pin's bits back into bytes (one wake per bit), and watches the
+LED pins. With no status port, it tells a link at rest by counting frames: every request frame
+is answered by exactly one response frame (ember.protocol), so once both directions have
+carried as many frames and the wires are quiet, nothing can happen until the host sends.
 
 Case (ember_sim.rtl.load_case): {"port_file": path, "port": 0 or a fixed port,
 "accept_timeout_s": seconds to wait for the host, "quiet_cycles": idle cycles after which the
-link is surely idle and the bench blocks on the socket instead of simulating}.
+link is surely idle and the bench blocks on the socket instead of simulating}; ``serve_pins``
+also takes the pins and timing of ember_sim.board_sim.BoardTopSim.bench_case() and writes
+back {"cycles", "leds": {role: {"pin", "active_low", "start", "end", "seen", "changes"}},
+"line_errors"}: each LED pin's level after the start-up, at the end, every level it had and
+how often it changed; and the bytes whose start, stop or data bits were wrong or not 0/1.
 """
 
 import os
@@ -15,9 +29,12 @@ import select
 import socket
 
 import cocotb
-from cocotb.triggers import FallingEdge, First, Timer
+from cocotb.clock import Clock
+from cocotb.queue import Queue
+from cocotb.triggers import Event, FallingEdge, First, Timer
 
 from ember import spec
+from ember.protocol import SlipDecoder
 from ember_sim import clock, rtl
 
 MIN_STEP, MAX_STEP = 64, 4096
@@ -39,15 +56,9 @@ async def drain(dut, count):
     return bytes(out), cycles
 
 
-@cocotb.test()
-async def serve(dut):
-    case = rtl.load_case()
-    # inputs are driven before the reset ends: an undriven strobe is X in Icarus, and an X
-    # byte strobe in the cycle after the reset would be counted into the link counters
-    dut.host_w_en.value = 0
-    dut.host_r_en.value = 0
-    clk = clock.start_clock(dut)
-    await clock.reset(dut, clk)
+def _accept(case):
+    """Listen on the loopback port of `case`, name it in the port file, wait for the host;
+    returns the non-blocking connection."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("127.0.0.1", int(case.get("port", 0))))
@@ -61,13 +72,17 @@ async def serve(dut):
     conn, _ = server.accept()
     server.close()
     conn.setblocking(False)
-    period = clock.CLOCK_PERIOD_NS
+    return conn
+
+
+async def _serve(conn, link, quiet_limit):
+    """Move bytes between the host's connection and `link` (_FifoLink or _PinLink) until the
+    host closes it; returns the cycles simulated while bytes moved or the link settled (not
+    while the engine ran a command: see _FifoLink.run_while_busy). `quiet_limit`: cycles
+    without traffic after which the link is surely idle (a UART byte takes 10 * divisor
+    cycles; give it a few bytes' time)."""
     step = MIN_STEP
     cycles = quiet = 0
-    # cycles without traffic after which the link is surely idle (a UART byte takes
-    # 10 * divisor cycles; give it a few bytes' time)
-    quiet_limit = int(case.get("quiet_cycles", 1024))
-    await FallingEdge(dut.clk)
     while True:
         try:
             data = conn.recv(1 << 16)
@@ -79,45 +94,226 @@ async def serve(dut):
             break
         moved = False
         if data:
-            for byte in data:
-                dut.host_w_data.value = byte
-                dut.host_w_en.value = 1
-                await FallingEdge(dut.clk)
-            dut.host_w_en.value = 0
-            cycles += len(data)
+            cycles += await link.send(data)
             moved = True
-        level = int(dut.host_r_level.value)
-        if level:
-            out, spent = await drain(dut, level)
-            cycles += spent
+        out, spent = await link.receive()
+        cycles += spent
+        if out:
             try:
-                conn.sendall(bytes(out))
+                conn.sendall(out)
             except (BrokenPipeError, ConnectionResetError):
                 break
             moved = True
-        if int(dut.busy.value):
-            # the engine computes: run at full speed until it is done (the host's status
-            # polls wait in the socket meanwhile)
-            await First(Timer(MAX_STEP * period, unit="ns"), FallingEdge(dut.busy))
-            await FallingEdge(dut.clk)
+        if await link.run_while_busy():
             step = MIN_STEP
         elif moved:
             step, quiet = MIN_STEP, 0
-        elif quiet >= quiet_limit and int(dut.idle.value):
+        elif quiet >= quiet_limit and link.idle():
             # nothing in flight and the engine idle: nothing can happen until the host
             # sends, so wait for it without advancing simulated time
             select.select([conn], [], [], 0.5)
         else:
-            # end the step a quarter period before a falling edge, then meet that edge: an
-            # await that fired in the very time step of an edge could return without a
-            # rising edge in between and lose the byte written before it
-            await Timer(step * period * 1000 - period * 250, unit="ps")
-            await FallingEdge(dut.clk)
+            await link.step(step)
             cycles += step
             quiet += step
             step = min(MAX_STEP, step * 2)
     conn.close()
+    return cycles
+
+
+class _FifoLink:
+    """The SimBoard's host FIFOs; every call starts and ends at a falling edge of `clk`."""
+
+    def __init__(self, dut):
+        self.dut = dut
+        self.period = clock.CLOCK_PERIOD_NS
+
+    async def start(self):
+        dut = self.dut
+        # inputs are driven before the reset ends: an undriven strobe is X in Icarus, and an
+        # X byte strobe in the cycle after the reset would be counted into the link counters
+        dut.host_w_en.value = 0
+        dut.host_r_en.value = 0
+        clk = clock.start_clock(dut)
+        await clock.reset(dut, clk)
+
+    async def ready(self):
+        await FallingEdge(self.dut.clk)
+
+    async def send(self, data):
+        dut = self.dut
+        for byte in data:
+            dut.host_w_data.value = byte
+            dut.host_w_en.value = 1
+            await FallingEdge(dut.clk)
+        dut.host_w_en.value = 0
+        return len(data)
+
+    async def receive(self):
+        level = int(self.dut.host_r_level.value)
+        if not level:
+            return b"", 0
+        return await drain(self.dut, level)
+
+    async def run_while_busy(self):
+        """If the engine runs a command, run at full speed until it is done (the host's status
+        polls wait in the socket meanwhile) and return True."""
+        dut = self.dut
+        if not int(dut.busy.value):
+            return False
+        await First(Timer(MAX_STEP * self.period, unit="ns"), FallingEdge(dut.busy))
+        await FallingEdge(dut.clk)
+        return True
+
+    def idle(self):
+        return bool(int(self.dut.idle.value))
+
+    async def step(self, cycles):
+        # end the step a quarter period before a falling edge, then meet that edge: an
+        # await that fired in the very time step of an edge could return without a
+        # rising edge in between and lose the byte written before it
+        await Timer(cycles * self.period * 1000 - self.period * 250, unit="ps")
+        await FallingEdge(self.dut.clk)
+
+
+@cocotb.test()
+async def serve(dut):
+    case = rtl.load_case()
+    link = _FifoLink(dut)
+    await link.start()
+    conn = _accept(case)
+    await link.ready()
+    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)))
     rtl.write_result({"cycles": cycles})
+
+
+def _level(handle):
+    """A 1-bit pin as "0", "1", "x" or "z"."""
+    return str(handle.value).lower()
+
+
+class _PinLink:
+    """A board top through its pins: the clock pin, the UART's rx (driven here) and tx
+    (sampled here) pins and the LED pins (watched). Frames are counted both ways."""
+
+    def __init__(self, dut, case):
+        self.clock = getattr(dut, case["clock"])
+        self.rx = getattr(dut, case["rx"])
+        self.tx = getattr(dut, case["tx"])
+        self.period_ps = int(case["clock_period_ps"])
+        self.bit_ps = self.period_ps * int(case["divisor"])
+        self.startup_cycles = int(case["startup_cycles"])
+        self.leds = {role: (pin, getattr(dut, pin), bool(active_low))
+                     for role, (pin, active_low) in case["leds"].items()}
+        self.led_log = {}
+        self.to_engine = Queue()
+        self.sending = self.receiving = False
+        self.received = bytearray()
+        self.requests, self.responses = SlipDecoder(), SlipDecoder()
+        self.frames_sent = self.frames_answered = 0
+        self.answered = Event()
+        self.line_errors = []
+
+    async def start(self):
+        self.rx.value = 1                              # the line idles high
+        Clock(self.clock, self.period_ps, unit="ps", impl="gpi").start(start_high=False)
+        # the PLL model locks, then the top holds the engine in reset (engine_domain)
+        await Timer(self.startup_cycles * self.period_ps, unit="ps")
+        await FallingEdge(self.clock)
+        for role, (name, pin, active_low) in self.leds.items():
+            self.led_log[role] = {"pin": name, "active_low": active_low,
+                                  "start": _level(pin), "seen": {_level(pin)}, "changes": 0}
+            cocotb.start_soon(self._watch(role, pin))
+        cocotb.start_soon(self._transmit())
+        cocotb.start_soon(self._receive())
+
+    async def ready(self):
+        pass
+
+    async def _watch(self, role, pin):
+        log = self.led_log[role]
+        while True:
+            await pin.value_change
+            log["changes"] += 1
+            log["seen"].add(_level(pin))
+
+    async def _transmit(self):
+        """Host's UART: bytes from `to_engine` as 8N1 bits on the engine's rx pin, each
+        burst starting at a falling edge of the clock."""
+        while True:
+            byte = await self.to_engine.get()
+            if not self.sending:
+                self.sending = True
+                await FallingEdge(self.clock)
+            for bit in (0, *(byte >> i & 1 for i in range(8)), 1):
+                self.rx.value = bit
+                await Timer(self.bit_ps, unit="ps")
+            self.sending = not self.to_engine.empty()
+
+    async def _receive(self):
+        """Host's UART: the engine's tx pin sampled in the middle of every bit."""
+        while True:
+            await FallingEdge(self.tx)
+            self.receiving = True
+            await Timer(self.bit_ps // 2, unit="ps")
+            bits = [_level(self.tx)]                   # the start bit, still low
+            for _ in range(9):                         # 8 data bits, then the stop bit
+                await Timer(self.bit_ps, unit="ps")
+                bits.append(_level(self.tx))
+            self.receiving = False
+            if bits[0] != "0" or bits[9] != "1" or not set(bits) <= {"0", "1"}:
+                self.line_errors.append("".join(bits))
+                continue
+            byte = sum(1 << i for i, b in enumerate(bits[1:9]) if b == "1")
+            self.received.append(byte)
+            self.frames_answered += len(self.responses.feed(bytes([byte])))
+            if self.frames_answered >= self.frames_sent:
+                self.answered.set()
+
+    async def send(self, data):
+        self.frames_sent += len(self.requests.feed(data))
+        for byte in data:
+            self.to_engine.put_nowait(byte)
+        return 0
+
+    async def receive(self):
+        out, self.received = bytes(self.received), bytearray()
+        return out, 0
+
+    async def run_while_busy(self):
+        return False                                   # no busy port: frames tell
+
+    def idle(self):
+        return (self.frames_answered >= self.frames_sent and not self.sending
+                and self.to_engine.empty() and not self.receiving)
+
+    async def step(self, cycles):
+        # wakes early when the last response frame is complete
+        if self.frames_answered < self.frames_sent:
+            self.answered.clear()
+            await First(Timer(cycles * self.period_ps, unit="ps"), self.answered.wait())
+        else:
+            await Timer(cycles * self.period_ps, unit="ps")
+
+    def report(self):
+        leds = {}
+        for role, (_, pin, _) in self.leds.items():
+            log = dict(self.led_log[role])
+            log["end"] = _level(pin)
+            log["seen"] = sorted(log["seen"])
+            leds[role] = log
+        return {"leds": leds, "line_errors": self.line_errors[:20]}
+
+
+@cocotb.test(skip=True)
+async def serve_pins(dut):
+    """A board top (ember_sim.board_sim) through its pins (selected by name)."""
+    case = rtl.load_case()
+    link = _PinLink(dut, case)
+    await link.start()
+    conn = _accept(case)
+    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)))
+    rtl.write_result({"cycles": cycles, **link.report()})
 
 
 @cocotb.test(skip=True)

@@ -1,0 +1,112 @@
+"""Each board top end to end through its UART pins with the Device API.
+
+The real tops of ember_boards (ICEBreakerTop, ULX3STop: PLL instance, reset hold, the engine on
+the UART pins, the LEDs) with their pins as the ports of the simulated module
+(ember_sim.board_sim), in Verilator and Icarus, served by ember_sim.benches.board_bench
+(``serve_pins``) and opened with ``open_device("sim", ..., top=board)``: every byte crosses the
+top's rx and tx pins as 8N1 bits. Each runs the board's own engine build (the iCEBreaker's
+4 lanes with weights in SB_SPRAM256KA, the ULX3S's 32 lanes), so the model it is compared with
+is ModelDevice of that build.
+
+What is not the bitstream's netlist: the PLL is modelled (it passes through a clock the bench
+drives at the PLL's output frequency and raises LOCK after 64 cycles), the pins' vendor buffer
+primitives are Amaranth's generic buffers, and the UART runs at 8 clock cycles per bit instead
+of spec.DEFAULT_BAUD (board_sim's docstring says why).
+"""
+
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ember import golden, spec
+from ember.device import ModelDevice, open_device
+from ember.spec import StepSettings
+from ember_sim import board_sim, rtl
+
+LAYERS = [12, 8, 4]
+
+
+def settings_for(build):
+    """Zero skipping, PSG and ssProp where the build has those units."""
+    return StepSettings(lr_shift=9, zero_skip="zero_skip" in build.features,
+                        psg="psg" in build.features,
+                        keep_q8=160 if "ssprop" in build.features else spec.KEEP_ONE)
+
+
+def session(dev, build):
+    """identify, configure, load weights, one training batch, infer, read back."""
+    rng = np.random.default_rng(11)
+    info = dev.identify()
+    dev.configure(LAYERS)
+    dev.load_weights(golden.init_weights(LAYERS, 4))
+    x = rng.integers(0, 256, size=(6, LAYERS[0]))
+    x[rng.random(x.shape) < 0.3] = 0
+    y = rng.integers(0, LAYERS[-1], size=6)
+    correct = dev.train_batch(x, y, settings_for(build))
+    predictions = dev.infer(rng.integers(0, 256, size=(5, LAYERS[0])))
+    return info, correct, list(predictions), dev.read_weights(), dev.read_counters()
+
+
+def board_result(log_path):
+    """What the bench saw (ember_sim.board prints it last)."""
+    lines = [line for line in Path(log_path).read_text().splitlines()
+             if line.startswith("board result: ")]
+    assert lines, f"no board result in {log_path}"
+    return json.loads(lines[-1].removeprefix("board result: "))
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("board", board_sim.BOARDS)
+@pytest.mark.parametrize("simulator", rtl.simulator_params())
+def test_board_top_through_its_uart_pins(board, simulator):
+    build = spec.BUILDS[board]
+    with open_device("sim", build=build, simulator=simulator, top=board) as dev:
+        got = session(dev, build)
+        log_path = dev.log_path
+    want = session(ModelDevice(build), build)
+    seen = board_result(log_path)
+    where = f"{board} top on {simulator}"
+
+    assert got[0] == want[0] and got[0]["build"] == board, where
+    assert got[1] == want[1], f"correct count ({where})"
+    assert got[2] == want[2], f"predictions ({where})"
+    for layer, (a, b) in enumerate(zip(got[3], want[3])):
+        assert np.array_equal(a, b), f"layer {layer} weights ({where})"
+    for name in spec.EXACT_COUNTERS:
+        assert got[4][name] == want[4][name], \
+            f"{name}: top {got[4][name]} model {want[4][name]} ({where})"
+    assert got[4]["link_rx_bytes"] > 1000 and got[4]["cycles"] > 0
+    assert seen["line_errors"] == [], f"garbled bytes on the tx pin ({where})"
+
+    # LEDs: driven (0 or 1, never x or z) from the end of the reset hold on, all dark then;
+    # busy and link_busy lit by the session (their pulses are stretched to millions of
+    # cycles, so they are still lit at the end); the heartbeat toggles every 2**24 cycles
+    # (2**26 on the ULX3S), far beyond the session, so it only has to stay driven and dark
+    for role, led in seen["leds"].items():
+        dark, lit = ("1", "0") if led["active_low"] else ("0", "1")
+        assert set(led["seen"]) <= {"0", "1"}, f"{role} LED {led} ({where})"
+        assert led["start"] == dark, f"{role} LED {led} ({where})"
+        if role == "heartbeat":
+            assert led["end"] == dark and led["changes"] == 0, f"{role} LED {led} ({where})"
+        else:
+            assert led["end"] == lit and led["changes"] >= 1, f"{role} LED {led} ({where})"
+
+
+@pytest.mark.parametrize("board", board_sim.BOARDS)
+def test_board_top_pins_are_module_ports(board):
+    """The simulated top's ports are its board pins (a tiny build elaborates quickly); the
+    real top keeps spec.DEFAULT_BAUD unless asked otherwise."""
+    text, top = board_sim.board_verilog(board, spec.BUILDS["tiny"])
+    header = text[text.index(f"module {top.toplevel}("):].split(";", 1)[0]
+    pins = {top.clock, top.rx, top.tx, *(pin for pin, _ in top.leds.values())}
+    assert pins == {p.strip() for p in header.split("(", 1)[1].rstrip(")").split(",")}
+    assert f"input {top.clock};" in text and f"input {top.rx};" in text
+    assert f"output {top.tx};" in text
+    assert ("SB_PLL40_PAD" if board == "icebreaker" else "EHXPLLL") in text
+    assert top.clock_hz == spec.BUILDS[board].clock_hz and top.divisor == 8
+    top_class = getattr(importlib.import_module(f"ember_boards.{board}"), board_sim.TOPS[board])
+    assert inspect.signature(top_class).parameters["baud"].default == spec.DEFAULT_BAUD
