@@ -60,6 +60,16 @@ def round_shift(value, shift, width):
     return Mux(shift > width, 0, (value.as_signed() + bias) >> shift)
 
 
+def tree_sum(values):
+    """The sum of `values` as a balanced tree of adders (log2(n) adders deep, where Python's
+    sum() would chain n of them)."""
+    values = list(values)
+    while len(values) > 1:
+        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
 def saturate(value, lo, hi):
     return Mux(value > hi, hi, Mux(value < lo, lo, value))
 
@@ -186,7 +196,7 @@ class EngineCore(wiring.Component):
             return inc[name].eq(amount)
 
         def popcount(word):
-            return sum(word[i] for i in range(len(word)))
+            return tree_sum([word[i] for i in range(len(word))])
 
         # ---------------------------------------------------------------- command state
         busy = Signal()
@@ -811,7 +821,7 @@ class EngineCore(wiring.Component):
                                      count("grad_lane_reads", popcount(kept1))]
                     # stage 2: sum into dX; written at the last slot of its (b, k)
                     total = Signal(signed(DACC), name=f"dx_total_{state}")
-                    m.d.comb += total.eq(dx_acc + sum(ig_prod))
+                    m.d.comb += total.eq(dx_acc + tree_sum(ig_prod))
                     lim = (1 << (spec.DX_BITS - 1)) - 1
                     dx = Signal(signed(spec.DX_BITS), name=f"dx_{state}")
                     m.d.comb += dx.eq(Mux(s2_relu, saturate(total, -lim - 1, lim), 0))
@@ -867,15 +877,17 @@ class EngineCore(wiring.Component):
                     with m.If(dx_max[bit]):
                         m.d.comb += lz.eq(bit + 1)
                 m.d.sync += [dx_shift.eq(Mux(lz > 15, lz - 15, 0)), b.eq(0), k.eq(0),
-                             ridx.eq(0), s1_valid.eq(0), g_row.eq(gbase_below)]
+                             ridx.eq(0), s1_valid.eq(0), s2_valid.eq(0), g_row.eq(gbase_below)]
                 m.next = "REQ_RUN"
             with m.State("REQ_RUN"):
-                # stage 0: read scratch entry ridx = b*K + k; stage 1: write dY_below
+                # stage 0: read scratch entry ridx = b*K + k; stage 1: round and shift it;
+                # stage 2: saturate and write dY_below
                 issue = b < batch
                 m.d.comb += [s_rd.addr.eq(ridx), count("grad_reads", issue)]
-                s1_g_row = Signal.like(g_row)       # g_row of the entry in stage 1
-                s1_k = Signal.like(k)
-                m.d.sync += [s1_valid.eq(issue), s1_g_row.eq(g_row), s1_k.eq(k)]
+                s1_g_row, s2_g_row = Signal.like(g_row), Signal.like(g_row)
+                s1_k, s2_k = Signal.like(k), Signal.like(k)
+                m.d.sync += [s1_valid.eq(issue), s1_g_row.eq(g_row), s1_k.eq(k),
+                             s2_valid.eq(s1_valid), s2_g_row.eq(s1_g_row), s2_k.eq(s1_k)]
                 nb_below = (K + P - 1) >> LOGP      # blocks of the layer below (N below = K)
                 with m.If(issue):
                     m.d.sync += ridx.eq(ridx + 1)
@@ -883,14 +895,14 @@ class EngineCore(wiring.Component):
                         m.d.sync += k.eq(k + 1)
                     with m.Else():
                         m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb_below)]
-                v = Signal(signed(spec.DX_BITS + 1))
-                m.d.comb += v.eq(round_shift(s_rd.data, dx_shift, spec.DX_BITS))
-                dy = saturate(v, -32767, 32767)
-                with m.If(s1_valid):
-                    m.d.comb += [g_wr.addr.eq(s1_g_row + (s1_k >> LOGP)),
+                req_v = Signal(signed(spec.DX_BITS + 1))
+                m.d.sync += req_v.eq(round_shift(s_rd.data, dx_shift, spec.DX_BITS))
+                dy = saturate(req_v, -32767, 32767)
+                with m.If(s2_valid):
+                    m.d.comb += [g_wr.addr.eq(s2_g_row + (s2_k >> LOGP)),
                                  g_wr.data.eq(dy.as_unsigned()[:16].replicate(P)),
-                                 g_wr.en.eq(1 << s1_k[:LOGP]), count("grad_writes")]
-                with m.If(~s1_valid & (b == batch)):
+                                 g_wr.en.eq(1 << s2_k[:LOGP]), count("grad_writes")]
+                with m.If(~s1_valid & ~s2_valid & (b == batch)):
                     m.next = "WG_START"
 
             # ---------------- weight gradient and update, per block j and input k

@@ -18,16 +18,18 @@ counters rely on:
 Passes 1 and 2 are issued back to back, one read per cycle (pass 2's first logit arrives just
 after the maximum is final). Pass 3 starts its reads while the divider finishes its last steps,
 timed so that r is final when the first exponent reaches the multiplier. A sample takes
-``SoftmaxGradUnit.cycles(N)`` = 3N + DIVIDER_STEPS + 5 = 3N + 22 cycles from the ``start``
+``SoftmaxGradUnit.cycles(N)`` = 3N + DIVIDER_STEPS + 6 = 3N + 23 cycles from the ``start``
 cycle to the ``done`` cycle, and ``start`` may be raised again in the ``done`` cycle.
 
 Datapath, one logit per cycle (the tag of each read travels with it):
 
 - cycle c: ``rd_en``, ``rd_addr = n`` (issue);
-- c+1: ``rd_data`` = z[n]: pass 1 updates the maximum; ``t`` is registered;
-- c+2: the exponent e (table and shifter) is registered;
-- c+3: pass 2 adds e to S; pass 3 multiplies e * r and registers the write;
-- c+4: ``wr_en``, ``wr_addr = n``, ``wr_data = g``.
+- c+1: ``rd_data`` = z[n]: pass 1 updates the maximum; the logit is registered (the read
+  port's data comes through the engine's lane multiplexer: nothing else on that path);
+- c+2: ``t`` (a subtraction and a multiplication by a constant) is registered;
+- c+3: the exponent e (table and shifter) is registered;
+- c+4: pass 2 adds e to S; pass 3 multiplies e * r and registers the write;
+- c+5: ``wr_en``, ``wr_addr = n``, ``wr_data = g``.
 
 The unit lives in the ``sync`` domain.
 """
@@ -58,7 +60,7 @@ PROB_SHIFT = RECIP_BITS - OUT_GRAD_FRAC_BITS
 #: The gradient range, symmetric: +-GRAD_LIMIT.
 GRAD_LIMIT = (1 << (GRAD_BITS - 1)) - 1
 #: Cycles from a read's issue to the stage that multiplies by r (see the module docstring).
-READ_TO_MULTIPLY = 3
+READ_TO_MULTIPLY = 4
 
 assert DIVIDER_START < EXP2_ONE
 assert DIVIDER_STEPS > READ_TO_MULTIPLY
@@ -142,28 +144,35 @@ class SoftmaxGradUnit(wiring.Component):
 
         # Tags of the reads in flight, one per pipeline stage.
         issue_pass = Signal(_Pass)
-        s1_pass, s2_pass, s3_pass = (Signal(_Pass, name=f"s{i}_pass") for i in (1, 2, 3))
-        s1_index, s2_index, s3_index = (Signal(index, name=f"s{i}_index") for i in (1, 2, 3))
+        s1_pass, s2_pass, s3_pass, s4_pass = (Signal(_Pass, name=f"s{i}_pass")
+                                              for i in (1, 2, 3, 4))
+        s1_index, s2_index, s3_index, s4_index = (Signal(index, name=f"s{i}_index")
+                                                  for i in (1, 2, 3, 4))
         m.d.comb += self.rd_en.eq(issue_pass != _Pass.NONE), self.rd_addr.eq(read_index)
         m.d.sync += [
             s1_pass.eq(issue_pass), s1_index.eq(read_index),
             s2_pass.eq(s1_pass), s2_index.eq(s1_index),
             s3_pass.eq(s2_pass), s3_index.eq(s2_index),
+            s4_pass.eq(s3_pass), s4_index.eq(s3_index),
         ]
 
-        # Stage 1: the logit arrives. Pass 1 keeps the first maximum; passes 2 and 3 start the
-        # exponent (the maximum is final by then).
+        # Stage 1: the logit arrives. Pass 1 keeps the first maximum; it is registered for
+        # passes 2 and 3 (the maximum is final when they use it).
         logit = self.rd_data
         logit_max = Signal(signed(LOGIT_BITS))
         argmax = Signal(index)
         with m.If((s1_pass == _Pass.MAX) & ((s1_index == 0) | (logit > logit_max))):
             m.d.sync += logit_max.eq(logit), argmax.eq(s1_index)
+        logit_r = Signal(signed(LOGIT_BITS))
+        m.d.sync += logit_r.eq(logit)
+
+        # Stage 2: t = (m - z) * log2(e), 8 fraction bits.
         d = Signal(range(D_MAX + 1))
         t = Signal(range(T_MAX + 1))
-        m.d.comb += d.eq(logit_max - logit)
+        m.d.comb += d.eq(logit_max - logit_r)
         m.d.sync += t.eq((d * LOG2E_NUM) >> LOG2E_SHIFT)
 
-        # Stage 2: e = EXP2_TABLE[fraction] >> whole, where t = whole.fraction.
+        # Stage 3: e = EXP2_TABLE[fraction] >> whole, where t = whole.fraction.
         whole = t[LOGIT_FRAC_BITS:]
         fraction = t[LOGIT_FRAC_BITS - EXP2_FRAC_BITS:LOGIT_FRAC_BITS]
         table = Array(Const(v, EXP2_BITS) for v in EXP2_TABLE)
@@ -171,22 +180,22 @@ class SoftmaxGradUnit(wiring.Component):
         exp2 = Signal(EXP2_BITS)
         m.d.sync += exp2.eq(Mux(whole < EXP2_BITS, table[fraction] >> whole[:shift_bits], 0))
 
-        # Stage 3, pass 2: S += e.
+        # Stage 4, pass 2: S += e.
         exp_sum = Signal(range(self.max_classes * EXP2_ONE + 1))
-        with m.If(s3_pass == _Pass.SUM):
+        with m.If(s4_pass == _Pass.SUM):
             m.d.sync += exp_sum.eq(exp_sum + exp2)
 
-        # Stage 3, pass 3: p = (e * r + 2**15) >> 16, g = p - 2**15 * [n == label], saturated.
+        # Stage 4, pass 3: p = (e * r + 2**15) >> 16, g = p - 2**15 * [n == label], saturated.
         recip = Signal(DIVIDER_STEPS)
         prob = Signal(range(EXP2_ONE + 1))
         grad = Signal(signed(GRAD_BITS + 1))
         m.d.comb += [
             prob.eq((exp2 * recip + (1 << (PROB_SHIFT - 1))) >> PROB_SHIFT),
-            grad.eq(prob - Mux(s3_index == label, 1 << OUT_GRAD_FRAC_BITS, 0)),
+            grad.eq(prob - Mux(s4_index == label, 1 << OUT_GRAD_FRAC_BITS, 0)),
         ]
         m.d.sync += [
-            self.wr_en.eq(s3_pass == _Pass.GRAD),
-            self.wr_addr.eq(s3_index),
+            self.wr_en.eq(s4_pass == _Pass.GRAD),
+            self.wr_addr.eq(s4_index),
             self.wr_data.eq(Mux(grad > GRAD_LIMIT, GRAD_LIMIT,
                                 Mux(grad < -GRAD_LIMIT, -GRAD_LIMIT, grad))),
         ]
@@ -232,10 +241,11 @@ class SoftmaxGradUnit(wiring.Component):
                         m.next = "SUM_DRAIN"
 
             with m.State("SUM_DRAIN"):
-                # The last exponent is in stage 3 once stages 1 and 2 are empty; S is final at
+                # The last exponent is in stage 4 once stages 1 to 3 are empty; S is final at
                 # the end of this cycle, in time for the divider's first step.
                 m.d.comb += self.busy.eq(1)
-                with m.If((s1_pass == _Pass.NONE) & (s2_pass == _Pass.NONE)):
+                with m.If((s1_pass == _Pass.NONE) & (s2_pass == _Pass.NONE)
+                          & (s3_pass == _Pass.NONE)):
                     m.d.sync += divider_steps.eq(DIVIDER_STEPS)
                     m.next = "DIVIDE"
 
@@ -253,10 +263,10 @@ class SoftmaxGradUnit(wiring.Component):
                     m.next = "WRITE"
 
             with m.State("WRITE"):
-                # Stages 1-3 empty: the last write is on the port in this cycle.
+                # Stages 1-4 empty: the last write is on the port in this cycle.
                 m.d.comb += self.busy.eq(1)
                 with m.If((s1_pass == _Pass.NONE) & (s2_pass == _Pass.NONE)
-                          & (s3_pass == _Pass.NONE)):
+                          & (s3_pass == _Pass.NONE) & (s4_pass == _Pass.NONE)):
                     m.d.sync += [
                         self.done.eq(1),
                         self.predicted.eq(argmax),
