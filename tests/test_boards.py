@@ -38,7 +38,8 @@ def test_ecp5_pll_hits_the_ulx3s_target_exactly():
     cfg = ecp5_pll(ulx3s.BOARD_CLOCK_HZ, spec.BUILDS["ulx3s"].clock_hz)
     assert cfg.f_out_hz == spec.BUILDS["ulx3s"].clock_hz == 35_000_000
     assert cfg.params["CLKOP_CPHASE"] == cfg.params["CLKOP_DIV"] - 1
-    assert cfg.f_vco_hz == 600e6        # the middle of the VCO range, not its 400 MHz edge
+    # the VCO near the middle of its 400..800 MHz range, not at an edge
+    assert cfg.f_vco_hz == 595e6
 
 
 @pytest.mark.parametrize("target_mhz", [16, 20, 24, 30, 33, 36, 40, 42, 48, 50, 60, 66, 72, 100])
