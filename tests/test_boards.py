@@ -202,3 +202,15 @@ def test_summarize_nextpnr_report():
     assert path["delay_ns"] == 2.75 and path["logic_levels"] == 1
     assert (path["start_cell"], path["end_cell"]) == ("a", "b")
     assert path["slowest_nets"] == [{"net": "n1", "delay_ns": 2.0}]
+
+
+def test_build_report_names_the_units_built(tmp_path):
+    """`--features` builds the board's engine with fewer optional units; report.json says
+    which (report-only mode: no tool runs)."""
+    from ember_boards import build as board_build
+    report, _ = board_build.build("icebreaker", tmp_path, run_tools=False,
+                                  features=["zero_skip", "slu"])
+    assert report["features"] == ["zero_skip", "slu"]
+    assert report["build"] == "icebreaker" and report["lanes"] == 4
+    full, _ = board_build.build("icebreaker", tmp_path, run_tools=False)
+    assert full["features"] == list(spec.FEATURES)

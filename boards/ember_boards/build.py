@@ -37,6 +37,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -218,12 +219,15 @@ def _tool_versions(board_info):
 
 # --------------------------------------------------------------------------- the build
 
-def build(board, out_dir, seed=1, engine_build=None, run_tools=True):
+def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=None):
     """Build `board` into `out_dir` with the engine build `engine_build` (a spec.BUILDS name;
-    default the board's own). Returns (report dict, list of problems; empty if all is well).
+    default the board's own), with only the optional units in `features` if given (names
+    from spec.FEATURES). Returns (report dict, list of problems; empty if all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
     bld = spec.BUILDS[engine_build or board]
+    if features is not None:
+        bld = dataclasses.replace(bld, features=tuple(features))
     _yowasp_environment()
     mod, plat, top = _board_top(board, bld)
     out_dir = Path(out_dir)
@@ -234,7 +238,8 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True):
             (out_dir / stale).unlink(missing_ok=True)
 
     report = {
-        "board": board, "build": bld.name, "device": plat.device, "package": plat.package,
+        "board": board, "build": bld.name, "features": list(bld.features), "device": plat.device,
+        "package": plat.package,
         "lanes": bld.lanes, "target_mhz": round(top.clock_hz / 1e6, 6),
         "spec_clock_mhz": bld.clock_hz / 1e6,
         "pll": {"params": top.pll.params, "f_in_mhz": top.pll.f_in_hz / 1e6,
@@ -366,14 +371,18 @@ def main(argv=None):
     parser.add_argument("--build", choices=sorted(spec.BUILDS), dest="engine_build",
                         help="engine build to put on the board (default: the board's own; "
                              "'tiny' checks the tool flow in a few minutes)")
+    parser.add_argument("--features",
+                        help="comma-separated optional units to build (default: the engine "
+                             f"build's own; from {', '.join(spec.FEATURES)})")
     parser.add_argument("--report-only", action="store_true",
                         help="run no tool; write report.json from what an earlier build left "
                              "in the build directory")
     args = parser.parse_args(argv)
     out = args.out or os.path.join("build", args.board)
 
+    features = None if args.features is None else [f for f in args.features.split(",") if f]
     report, problems = build(args.board, out, seed=args.seed, engine_build=args.engine_build,
-                             run_tools=not args.report_only)
+                             run_tools=not args.report_only, features=features)
     fmax = "n/a" if report["fmax_mhz"] is None else f"{report['fmax_mhz']:.2f} MHz"
     print(f"{args.board}: stage {report['stage']}, fits {report['fits']}, fmax {fmax} "
           f"(target {report['target_mhz']:g} MHz), {report['build_seconds']} s; "
