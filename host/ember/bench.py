@@ -107,20 +107,22 @@ def engine_figures(sim_runs, lanes):
     }
 
 
-def dense_engine_figures(ds, batches=3):
+def dense_engine_figures(ds, batches=3, build=None, batch_size=32):
     """Cycles per sample of the dense baseline step (SGD, every layer, no skipping) and of
-    inference, on the simulated board: the engine's raw speed."""
+    inference, on the simulated board (engine build `build`, default spec.DEFAULT_BUILD): the
+    engine's raw speed."""
     layers = [64, 32, 10]
-    with open_device("sim", simulator="verilator") as dev:
+    B = batch_size
+    with open_device("sim", build=build, simulator="verilator") as dev:
         dev.configure(layers)
         dev.load_weights(golden.init_weights(layers, 0))
         dev.clear_counters()
         t = time.perf_counter()
         for i in range(batches):
-            dev.train_batch(ds.x_train[32 * i:32 * (i + 1)], ds.y_train[32 * i:32 * (i + 1)])
+            dev.train_batch(ds.x_train[B * i:B * (i + 1)], ds.y_train[B * i:B * (i + 1)])
         wall = time.perf_counter() - t
         c = dev.take_counters()
-        dev.infer_all(ds.x_test[:64 * batches])
+        dev.infer_all(ds.x_test[:2 * B * batches])
         e = dev.take_counters()
     P = dev.build.lanes
     return {
