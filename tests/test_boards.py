@@ -214,3 +214,14 @@ def test_build_report_names_the_units_built(tmp_path):
     assert report["build"] == "icebreaker" and report["lanes"] == 4
     full, _ = board_build.build("icebreaker", tmp_path, run_tools=False)
     assert full["features"] == list(spec.FEATURES)
+
+
+def test_implied_throughput_arithmetic():
+    from ember_boards.throughput import implied
+    figures = {"cycles_per_train_sample": 400.0, "cycles_per_infer_sample": 100.0,
+               "utilization": {"forward": 0.5}, "link_bytes_per_train_sample": 72.0}
+    r = implied(figures, 20.0, baud=115200)
+    assert r["engine_train_samples_per_s"] == 50_000          # 20e6 / 400
+    assert r["link_train_samples_per_s"] == 160.0             # 11520 bytes/s / 72
+    assert r["bound_by"] == "link"
+    assert implied(figures, 20.0, baud=10**9)["bound_by"] == "engine"

@@ -31,19 +31,25 @@ def throughput(board, report=None, batches=2):
         r = json.loads(Path(report).read_text())
         if r.get("timing_met") and r.get("target_mhz"):
             clock_mhz, source = r["target_mhz"], f"met in {report}"
+    return {"board": board, "lanes": build.lanes, "batch_size": batch,
+            "clock_source": source, **implied(figures, clock_mhz)}
+
+
+def implied(figures, clock_mhz, baud=spec.DEFAULT_BAUD):
+    """Training samples per second of the engine at `clock_mhz` and of a UART link at `baud`
+    (8N1: 10 bits per byte), from dense_engine_figures-style `figures`."""
     cycles = figures["cycles_per_train_sample"]
     link_bytes = figures["link_bytes_per_train_sample"]
     engine_rate = clock_mhz * 1e6 / cycles
-    link_rate = spec.DEFAULT_BAUD / 10 / link_bytes
+    link_rate = baud / 10 / link_bytes
     return {
-        "board": board, "lanes": build.lanes, "batch_size": batch,
-        "clock_mhz": clock_mhz, "clock_source": source,
+        "clock_mhz": clock_mhz,
         "cycles_per_train_sample": round(cycles, 1),
         "cycles_per_infer_sample": round(figures["cycles_per_infer_sample"], 1),
         "utilization": {k: round(v, 3) for k, v in figures["utilization"].items()},
         "engine_train_samples_per_s": round(engine_rate),
         "link_bytes_per_train_sample": round(link_bytes, 1),
-        "baud": spec.DEFAULT_BAUD,
+        "baud": baud,
         "link_train_samples_per_s": round(link_rate, 1),
         "bound_by": "link" if link_rate < engine_rate else "engine",
     }
