@@ -220,9 +220,10 @@ BUILDS = {
     # Batches up to 16 keep the engine core in 21 of the UP5K's 30 block RAMs (measured with
     # python -m ember_boards.area); 64-32-10 on digits needs 1,536 activation bytes, 256
     # gradient words and 512 dX entries at batch 16.
+    # Four layer descriptors (networks up to 4 layers) save about 360 LUT4 of the UP5K's 5280.
     "icebreaker": Build(name="icebreaker", lanes=4, weight_words=SPRAM_WORDS, act_bytes=2048,
-                        grad_words=256, scratch_entries=512, max_batch=16, max_width=256,
-                        clock_hz=36_000_000, weight_spram=True),
+                        grad_words=256, scratch_entries=512, max_batch=16, max_layers=4,
+                        max_width=256, clock_hz=36_000_000, weight_spram=True),
     # a small build for fast RTL tests (Icarus included)
     "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
                   scratch_entries=256, max_batch=8, max_layers=4, max_width=64,
