@@ -219,10 +219,12 @@ def _tool_versions(board_info):
 
 # --------------------------------------------------------------------------- the build
 
-def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=None):
+def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=None,
+          router="router1"):
     """Build `board` into `out_dir` with the engine build `engine_build` (a spec.BUILDS name;
     default the board's own), with only the optional units in `features` if given (names
-    from spec.FEATURES). Returns (report dict, list of problems; empty if all is well).
+    from spec.FEATURES) and nextpnr's `router`. Returns (report dict, list of problems; empty if
+    all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
     bld = spec.BUILDS[engine_build or board]
@@ -238,7 +240,8 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
             (out_dir / stale).unlink(missing_ok=True)
 
     report = {
-        "board": board, "build": bld.name, "features": list(bld.features), "device": plat.device,
+        "board": board, "build": bld.name, "features": list(bld.features), "router": router,
+        "device": plat.device,
         "package": plat.package,
         "lanes": bld.lanes, "target_mhz": round(top.clock_hz / 1e6, 6),
         "spec_clock_mhz": bld.clock_hz / 1e6,
@@ -260,7 +263,8 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
             report[key] = earlier.get(key, report[key])
 
     overrides = {
-        "nextpnr_opts": f"--seed {seed} --report {NEXTPNR_REPORT} --timing-allow-fail",
+        "nextpnr_opts": (f"--seed {seed} --report {NEXTPNR_REPORT} --timing-allow-fail "
+                         f"--router {router}"),
         "debug_verilog": False,
     }
     if board_info["synth_opts"]:
@@ -368,6 +372,8 @@ def main(argv=None):
     parser.add_argument("--board", required=True, choices=sorted(BOARDS))
     parser.add_argument("--out", help="build directory (default build/<board>)")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    parser.add_argument("--router", choices=("router1", "router2"), default="router1",
+                        help="nextpnr's router (router2 is faster on large ECP5 designs)")
     parser.add_argument("--build", choices=sorted(spec.BUILDS), dest="engine_build",
                         help="engine build to put on the board (default: the board's own; "
                              "'tiny' checks the tool flow in a few minutes)")
@@ -382,7 +388,8 @@ def main(argv=None):
 
     features = None if args.features is None else [f for f in args.features.split(",") if f]
     report, problems = build(args.board, out, seed=args.seed, engine_build=args.engine_build,
-                             run_tools=not args.report_only, features=features)
+                             run_tools=not args.report_only, features=features,
+                             router=args.router)
     fmax = "n/a" if report["fmax_mhz"] is None else f"{report['fmax_mhz']:.2f} MHz"
     print(f"{args.board}: stage {report['stage']}, fits {report['fits']}, fmax {fmax} "
           f"(target {report['target_mhz']:g} MHz), {report['build_seconds']} s; "
