@@ -51,13 +51,18 @@ def _bits(n):
 
 def round_shift(value, shift, width):
     """Round to nearest, ties away from zero, then arithmetic right shift by `shift` (a
-    signal): (value + 2**(shift-1) - (value < 0)) >> shift; shift 0 is the identity.
-    `value` is signed and `width` bits wide; the result is signed(width + 2) and equals
-    golden.round_shift for every shift: from width + 1 on it is 0, as the exact formula gives
-    for any value that fits `width` bits (so the shifter only spans the value's own width)."""
-    half = (Const(1, unsigned(width + 1)) << (shift - 1).as_unsigned()[:len(shift)])[:width + 1]
-    bias = Mux(shift == 0, 0, half.as_signed() - value[-1].as_unsigned())
-    return Mux(shift > width, 0, (value.as_signed() + bias) >> shift)
+    signal): golden.round_shift, (value + 2**(shift-1) - (value < 0)) >> shift, for every
+    shift (0 is the identity; from width + 1 on the result is 0). `value` is signed and
+    `width` bits wide; the result is signed(width + 2).
+
+    Computed without the 2**(shift-1) term (no second shifter, no test of shift == 0) as
+    ((2*value - neg) >> shift) + 1, halved: for shift >= 1 that equals
+    floor((value - neg + 2**(shift-1)) / 2**shift), because 2*value - neg and
+    2*(value - neg) differ by one below an even number and so by no multiple of 2**shift;
+    for shift 0 it is (2*value - neg + 1) >> 1 = value."""
+    value = value.as_signed()
+    twice = Cat(Const(0, 1), value).as_signed() - value[-1].as_unsigned()
+    return ((twice >> shift) + 1) >> 1
 
 
 def tree_sum(values):
@@ -72,6 +77,25 @@ def tree_sum(values):
 
 def saturate(value, lo, hi):
     return Mux(value > hi, hi, Mux(value < lo, lo, value))
+
+
+def clamp_signed(value, bits):
+    """`value` (signed) saturated to signed(bits), by its top bits rather than two
+    comparators: it fits unless the bits from `bits - 1` up are not all equal to its sign."""
+    value = value.as_signed()
+    if len(value) <= bits:
+        return value
+    top = value[bits - 1:]
+    fits = (top == 0) | (top == (1 << len(top)) - 1)
+    lim = (1 << (bits - 1)) - 1
+    return Mux(fits, value[:bits].as_signed(),
+               Mux(value[-1], Const(-lim - 1, signed(bits)), Const(lim, signed(bits))))
+
+
+def clamp_byte(value):
+    """`value` (signed) saturated to 0..255."""
+    value = value.as_signed()
+    return Mux(value[-1], 0, Mux(value[8:] != 0, 255, value[:8]))
 
 
 class EngineCore(wiring.Component):
@@ -459,6 +483,15 @@ class EngineCore(wiring.Component):
         lanes_on = Signal(P)                # kept lanes of the current block
         s1_lanes = Signal(P)
         s2_lanes = Signal(P)
+
+        # one rounding shifter, shared by the three units that requantize and never run at
+        # the same time: the forward writeback (W_LANE), the dX requantizer (REQ_RUN) and the
+        # update unit (U_LANE); each drives its value and shift while it runs
+        RQ = max(LACC, spec.DX_BITS)
+        rq_value = Signal(signed(RQ))
+        rq_shift = Signal(6)
+        rq_out = Signal(signed(RQ + 2))
+        m.d.comb += rq_out.eq(round_shift(rq_value, rq_shift, RQ))
 
         # scalar helpers
         dx_acc = Signal(signed(DACC))
@@ -896,8 +929,10 @@ class EngineCore(wiring.Component):
                     with m.Else():
                         m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb_below)]
                 req_v = Signal(signed(spec.DX_BITS + 1))
-                m.d.sync += req_v.eq(round_shift(s_rd.data, dx_shift, spec.DX_BITS))
-                dy = saturate(req_v, -32767, 32767)
+                m.d.comb += [rq_value.eq(s_rd.data), rq_shift.eq(dx_shift)]
+                m.d.sync += req_v.eq(rq_out)
+                dy16 = clamp_signed(req_v, 16)           # gradients are symmetric: no -32768
+                dy = Mux(dy16 == -32768, -32767, dy16)
                 with m.If(s2_valid):
                     m.d.comb += [g_wr.addr.eq(s2_g_row + (s2_k >> LOGP)),
                                  g_wr.data.eq(dy.as_unsigned()[:16].replicate(P)),
@@ -1102,18 +1137,19 @@ class EngineCore(wiring.Component):
                     m.d.sync += [wb_head.eq(u_src[0]), wb_head_on.eq(wb_lanes[0]),
                                  wb_head_lane.eq(wp), wb_lanes.eq(wb_lanes >> 1), wp.eq(wp + 1)]
                     m.d.sync += [u_src[i].eq(u_src[i + 1]) for i in range(P - 1)]
+                m.d.comb += [rq_value.eq(wb_head), rq_shift.eq(wb_shift)]
                 m.d.sync += [wb_b_valid.eq(wp < P), wb_c_valid.eq(wb_b_valid),
-                             wb_y.eq(round_shift(wb_head, wb_shift, LACC)),
+                             wb_y.eq(rq_out),
                              wb_y_on.eq(wb_head_on), wb_y_lane.eq(wb_head_lane)]
                 with m.If(wb_c_valid & wb_y_on):
                     with m.If(wb_last):
-                        logit = saturate(wb_y, -32768, 32767)
+                        logit = clamp_signed(wb_y, 16)
                         m.d.comb += [g_wr.addr.eq(wb_word),
                                      g_wr.data.eq(logit.as_unsigned()[:16].replicate(P)),
                                      g_wr.en.eq(1 << wb_y_lane), count("grad_writes")]
                     with m.Else():
                         m.d.comb += [a_wr.addr.eq(wb_act + wb_y_lane),
-                                     a_wr.data.eq(saturate(wb_y, 0, 255)[:8]), a_wr.en.eq(1),
+                                     a_wr.data.eq(clamp_byte(wb_y)), a_wr.en.eq(1),
                                      count("act_writes")]
                 with m.If((wp == P) & ~wb_b_valid):
                     m.d.sync += wb_busy.eq(0)
@@ -1156,13 +1192,13 @@ class EngineCore(wiring.Component):
                 # stage B: the amount to subtract
                 step = (Const(1, unsigned(16)) << psg_step)[:16]
                 sign_step = Mux(ua_src > 0, step, 0) - Mux(ua_src < 0, step, 0)
-                m.d.sync += [ub_delta.eq(Mux(psg_on, sign_step,
-                                             round_shift(ua_src, u_shift, LACC))),
+                m.d.comb += [rq_value.eq(ua_src), rq_shift.eq(u_shift)]
+                m.d.sync += [ub_delta.eq(Mux(psg_on, sign_step, rq_out)),
                              ub_old.eq(ua_old), ub_on.eq(ua_on), uc_valid.eq(ub_valid)]
                 # stage C: the new weight, saturated; written only if it changed
                 new = Signal(signed(LACC + 3))
                 m.d.comb += new.eq(ub_old - ub_delta)
-                newsat = saturate(new, -32768, 32767)
+                newsat = clamp_signed(new, 16)
                 changed = ub_on & (newsat != ub_old)
                 with m.If(uc_valid):
                     m.d.sync += [u_new.eq(Cat(u_new[W:], Mux(changed, newsat[:W], ub_old))),
