@@ -75,10 +75,6 @@ def tree_sum(values):
     return values[0]
 
 
-def saturate(value, lo, hi):
-    return Mux(value > hi, hi, Mux(value < lo, lo, value))
-
-
 def clamp_signed(value, bits):
     """`value` (signed) saturated to signed(bits), by its top bits rather than two
     comparators: it fits unless the bits from `bits - 1` up are not all equal to its sign."""
@@ -832,75 +828,45 @@ class EngineCore(wiring.Component):
             s2_sidx = Signal.like(sidx)
             s3_valid = Signal()
             s3_dx = Signal(signed(spec.DX_BITS))
+            ig_pipe = Signal()                  # IG_RUN or IG_DRAIN: stages 1 to 3 run
             with m.State("IG_A"):
                 m.d.comb += a_rd.addr.eq(abase)
                 m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), s2_valid.eq(0),
                              s3_valid.eq(0), sidx.eq(0), w_row.eq(wbase), g_row.eq(gbase)]
                 m.next = "IG_RUN"
-            for state in ("IG_RUN", "IG_DRAIN"):
-                with m.State(state):
-                    # stage 1: the products of the kept lanes of the block read last cycle
-                    kept1 = Signal(P, name=f"kept1_{state}")
-                    m.d.comb += kept1.eq(Mux(dense, s1_lanes, k_rd.data) if has_ssprop
-                                         else s1_lanes)
-                    for i in range(P):
-                        m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
-                        m.d.sync += ig_prod[i].eq(Mux(s1_valid & s1_live & kept1[i], prod[i], 0))
-                    m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last),
-                                 s2_relu.eq(s1_relu), s2_sidx.eq(s1_sidx)]
-                    with m.If(s1_valid & s1_live):
-                        m.d.comb += [count("mac_input_grad", popcount(kept1)),
-                                     count("weight_reads", popcount(kept1)),
-                                     count("grad_lane_reads", popcount(kept1))]
-                    # stage 2: sum into dX; written at the last slot of its (b, k)
-                    total = Signal(signed(DACC), name=f"dx_total_{state}")
-                    m.d.comb += total.eq(dx_acc + tree_sum(ig_prod))
-                    lim = (1 << (spec.DX_BITS - 1)) - 1
-                    dx = Signal(signed(spec.DX_BITS), name=f"dx_{state}")
-                    m.d.comb += dx.eq(Mux(s2_relu, saturate(total, -lim - 1, lim), 0))
-                    m.d.sync += [s3_valid.eq(s2_valid & s2_last), s3_dx.eq(dx)]
-                    with m.If(s2_valid):
-                        with m.If(s2_last):
-                            m.d.comb += [s_wr.addr.eq(s2_sidx), s_wr.data.eq(dx),
-                                         s_wr.en.eq(1), count("grad_writes")]
-                            m.d.sync += dx_acc.eq(0)
-                        with m.Else():
-                            m.d.sync += dx_acc.eq(total)
-                    # stage 3: the largest |dX| of the batch sets its scale (REQ_START)
-                    mag = Mux(s3_dx < 0, -s3_dx, s3_dx).as_unsigned()
-                    with m.If(s3_valid & (mag > dx_max)):
-                        m.d.sync += dx_max.eq(mag)
-                    if state == "IG_DRAIN":
-                        m.d.sync += s1_valid.eq(0)
-                        with m.If(~s1_valid & ~s2_valid & ~s3_valid):
-                            m.next = "REQ_START"
-                        continue
-                    # stage 0: slot j of (b, k); A[b, k] arrived in slot 0
-                    first = j == 0
-                    relu_now = Mux(first, a_rd.data != 0, relu_cur)
-                    live_now = relu_now | ~zs
-                    last_slot = ~live_now | (j == nb - 1)
-                    m.d.comb += a_rd.addr.eq(abase + sidx + 1)       # the next (b, k)
-                    with m.If(first):
-                        m.d.sync += relu_cur.eq(a_rd.data != 0)
-                        m.d.comb += count("act_reads")
-                        with m.If(~live_now):
-                            m.d.comb += count("skip_zero", keep)
-                    with m.If(live_now):
-                        m.d.comb += [w_rd.addr.eq(w_row + k), g_rd.addr.eq(g_row + j)]
-                    m.d.sync += [s1_valid.eq(1), s1_last.eq(last_slot), s1_live.eq(live_now),
-                                 s1_relu.eq(relu_now), s1_sidx.eq(sidx),
-                                 s1_lanes.eq(kept_dense)]
-                    with m.If(last_slot):
-                        m.d.sync += [j.eq(0), sidx.eq(sidx + 1), w_row.eq(wbase)]
-                        with m.If(k + 1 < K):
-                            m.d.sync += k.eq(k + 1)
-                        with m.Else():
-                            m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb)]
-                        with m.If((b == batch - 1) & (k == K - 1)):
-                            m.next = "IG_DRAIN"
+            with m.State("IG_DRAIN"):
+                m.d.comb += ig_pipe.eq(1)
+                m.d.sync += s1_valid.eq(0)
+                with m.If(~s1_valid & ~s2_valid & ~s3_valid):
+                    m.next = "REQ_START"
+            with m.State("IG_RUN"):
+                m.d.comb += ig_pipe.eq(1)
+                # stage 0: slot j of (b, k); A[b, k] arrived in slot 0
+                first = j == 0
+                relu_now = Mux(first, a_rd.data != 0, relu_cur)
+                live_now = relu_now | ~zs
+                last_slot = ~live_now | (j == nb - 1)
+                m.d.comb += a_rd.addr.eq(abase + sidx + 1)       # the next (b, k)
+                with m.If(first):
+                    m.d.sync += relu_cur.eq(a_rd.data != 0)
+                    m.d.comb += count("act_reads")
+                    with m.If(~live_now):
+                        m.d.comb += count("skip_zero", keep)
+                with m.If(live_now):
+                    m.d.comb += [w_rd.addr.eq(w_row + k), g_rd.addr.eq(g_row + j)]
+                m.d.sync += [s1_valid.eq(1), s1_last.eq(last_slot), s1_live.eq(live_now),
+                             s1_relu.eq(relu_now), s1_sidx.eq(sidx),
+                             s1_lanes.eq(kept_dense)]
+                with m.If(last_slot):
+                    m.d.sync += [j.eq(0), sidx.eq(sidx + 1), w_row.eq(wbase)]
+                    with m.If(k + 1 < K):
+                        m.d.sync += k.eq(k + 1)
                     with m.Else():
-                        m.d.sync += [j.eq(j + 1), w_row.eq(w_row + K)]
+                        m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb)]
+                    with m.If((b == batch - 1) & (k == K - 1)):
+                        m.next = "IG_DRAIN"
+                with m.Else():
+                    m.d.sync += [j.eq(j + 1), w_row.eq(w_row + K)]
 
             # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
             ridx = Signal(range(bld.scratch_entries + 1))      # b*K + k, up to the batch's
@@ -1116,6 +1082,39 @@ class EngineCore(wiring.Component):
                 with m.Else():
                     m.d.sync += l.eq(l - 1)
                     m.next = "BWD_LAYER"
+
+        # stages 1 to 3 of the input-gradient pipeline (IG_RUN issues, IG_DRAIN empties it)
+        with m.If(ig_pipe):
+            # stage 1: the products of the kept lanes of the block read last cycle
+            kept1 = Signal(P, name="ig_kept1")
+            m.d.comb += kept1.eq(Mux(dense, s1_lanes, k_rd.data) if has_ssprop
+                                 else s1_lanes)
+            for i in range(P):
+                m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
+                m.d.sync += ig_prod[i].eq(Mux(s1_valid & s1_live & kept1[i], prod[i], 0))
+            m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last),
+                         s2_relu.eq(s1_relu), s2_sidx.eq(s1_sidx)]
+            with m.If(s1_valid & s1_live):
+                m.d.comb += [count("mac_input_grad", popcount(kept1)),
+                             count("weight_reads", popcount(kept1)),
+                             count("grad_lane_reads", popcount(kept1))]
+            # stage 2: sum into dX; written at the last slot of its (b, k)
+            total = Signal(signed(DACC), name="dx_total")
+            m.d.comb += total.eq(dx_acc + tree_sum(ig_prod))
+            dx = Signal(signed(spec.DX_BITS), name="dx")
+            m.d.comb += dx.eq(Mux(s2_relu, clamp_signed(total, spec.DX_BITS), 0))
+            m.d.sync += [s3_valid.eq(s2_valid & s2_last), s3_dx.eq(dx)]
+            with m.If(s2_valid):
+                with m.If(s2_last):
+                    m.d.comb += [s_wr.addr.eq(s2_sidx), s_wr.data.eq(dx),
+                                 s_wr.en.eq(1), count("grad_writes")]
+                    m.d.sync += dx_acc.eq(0)
+                with m.Else():
+                    m.d.sync += dx_acc.eq(total)
+            # stage 3: the largest |dX| of the batch sets its scale (REQ_START)
+            mag = Mux(s3_dx < 0, -s3_dx, s3_dx).as_unsigned()
+            with m.If(s3_valid & (mag > dx_max)):
+                m.d.sync += dx_max.eq(mag)
 
         # ---------------------------------------------------------------- writeback unit
         # forward outputs of one block, one lane per cycle through the requantizer: ReLU and
