@@ -465,6 +465,14 @@ class EngineCore(wiring.Component):
             m.d.comb += prod[i].eq(mul_a[i] * mul_b[i])
         w_lane = [w_rd.data.word_select(i, W).as_signed() for i in range(P)]
         g_lane = [g_rd.data.word_select(i, 16).as_signed() for i in range(P)]
+        # gradient memory writes are one lane at a time (loss unit, dX requantizer, logits):
+        # one 16-bit value goes to every lane and the lane's write enable picks it (so the
+        # writers' multiplexer is 16 bits wide, not P * 16)
+        g_wr_value = Signal(16)
+        g_wr_lane = Signal(range(P))
+        g_wr_on = Signal()
+        m.d.comb += [g_wr.data.eq(g_wr_value.replicate(P)),
+                     g_wr.en.eq(Mux(g_wr_on, Const(1, P) << g_wr_lane, 0))]
 
         # pipeline registers of the streaming loops: stage 1 has the operands read in stage 0
         s1_valid, s2_valid = Signal(), Signal()
@@ -680,8 +688,8 @@ class EngineCore(wiring.Component):
                     m.d.comb += count("grad_reads")
                 with m.If(loss.wr_en):
                     m.d.comb += [g_wr.addr.eq(g_row + (loss.wr_addr >> LOGP)),
-                                 g_wr.data.eq(loss.wr_data.as_unsigned().replicate(P)),
-                                 g_wr.en.eq(1 << loss.wr_addr[:LOGP]),
+                                 g_wr_value.eq(loss.wr_data), g_wr_on.eq(1),
+                                 g_wr_lane.eq(loss.wr_addr[:LOGP]),
                                  count("grad_writes")]
                 with m.If(loss.done):
                     m.d.comb += count("loss_elements", N)
@@ -901,8 +909,8 @@ class EngineCore(wiring.Component):
                 dy = Mux(dy16 == -32768, -32767, dy16)
                 with m.If(s2_valid):
                     m.d.comb += [g_wr.addr.eq(s2_g_row + (s2_k >> LOGP)),
-                                 g_wr.data.eq(dy.as_unsigned()[:16].replicate(P)),
-                                 g_wr.en.eq(1 << s2_k[:LOGP]), count("grad_writes")]
+                                 g_wr_value.eq(dy), g_wr_on.eq(1),
+                                 g_wr_lane.eq(s2_k[:LOGP]), count("grad_writes")]
                 with m.If(~s1_valid & ~s2_valid & (b == batch)):
                     m.next = "WG_START"
 
@@ -1144,8 +1152,8 @@ class EngineCore(wiring.Component):
                     with m.If(wb_last):
                         logit = clamp_signed(wb_y, 16)
                         m.d.comb += [g_wr.addr.eq(wb_word),
-                                     g_wr.data.eq(logit.as_unsigned()[:16].replicate(P)),
-                                     g_wr.en.eq(1 << wb_y_lane), count("grad_writes")]
+                                     g_wr_value.eq(logit), g_wr_on.eq(1),
+                                     g_wr_lane.eq(wb_y_lane), count("grad_writes")]
                     with m.Else():
                         m.d.comb += [a_wr.addr.eq(wb_act + wb_y_lane),
                                      a_wr.data.eq(clamp_byte(wb_y)), a_wr.en.eq(1),
