@@ -484,6 +484,13 @@ class EngineCore(wiring.Component):
         m3_valid, m3_last = Signal(), Signal()
         m3_gate = Signal(P)
         s2_act = Signal(8)
+        # the lanes' registers are stepped in one place (end of elaborate) by these strobes
+        acc_clear = Signal()                # accumulators and PSG predictions to 0
+        acc_add = Signal()                  # acc += prod_r in the lanes of m3_gate
+        pred_add = Signal()                 # pred += prod_r in the lanes of m3_gate
+        u_load = Signal()                   # u_src <- acc (or pred in the lanes of u_load_pred)
+        u_load_pred = Signal(P)
+        u_shift_down = Signal()             # u_src[i] <- u_src[i + 1]: the head lane was taken
         lanes_on = Signal(P)                # kept lanes of the current block
         s1_lanes = Signal(P)
         s2_lanes = Signal(P)
@@ -569,7 +576,7 @@ class EngineCore(wiring.Component):
             with m.State("FWD_ROW"):
                 m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0), m3_valid.eq(0),
                              m3_last.eq(0)]
-                m.d.sync += [a.eq(0) for a in acc]
+                m.d.comb += acc_clear.eq(1)
                 m.next = "FWD_RUN"
             with m.State("FWD_RUN"):
                 # stage 0: read A[b, k]
@@ -599,10 +606,7 @@ class EngineCore(wiring.Component):
                 with m.If(s2_valid & s2_live):
                     m.d.comb += count("mac_forward", popcount(lanes_valid))
                 # stage 3: accumulate
-                with m.If(m3_valid):
-                    for i in range(P):
-                        with m.If(m3_gate[i]):
-                            m.d.sync += acc[i].eq(acc[i] + prod_r[i])
+                m.d.comb += acc_add.eq(m3_valid)
                 with m.If(m3_last):
                     m.next = "FWD_HANDOFF"
             with m.State("FWD_HANDOFF"):
@@ -613,7 +617,7 @@ class EngineCore(wiring.Component):
                                  wb_lanes.eq(kept_dense),
                                  wb_act.eq(o_row + (j << LOGP)),
                                  wb_word.eq(g_row + j)]
-                    m.d.sync += [u_src[i].eq(acc[i]) for i in range(P)]
+                    m.d.comb += u_load.eq(1)
                     with m.If(j + 1 < nb):
                         m.d.sync += [j.eq(j + 1), w_row.eq(w_row + K)]
                         m.next = "FWD_ROW"
@@ -936,9 +940,8 @@ class EngineCore(wiring.Component):
                 m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0), live_count.eq(0),
                              m3_valid.eq(0), m3_last.eq(0),
                              a_row.eq(abase), g_row.eq(gbase)]
-                m.d.sync += [a.eq(0) for a in acc]
+                m.d.comb += acc_clear.eq(1)
                 if has_psg:
-                    m.d.sync += [q.eq(0) for q in pred]
                     m.d.sync += psg_thr.eq(Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau))
                     with m.If(psg_on):
                         m.next = "WG_LOW"
@@ -1003,13 +1006,7 @@ class EngineCore(wiring.Component):
                         m.d.comb += count("mac_weight_grad_low" if low else "mac_weight_grad",
                                           popcount(gate))
                     # stage 3: accumulate
-                    with m.If(m3_valid):
-                        for i in range(P):
-                            with m.If(m3_gate[i]):
-                                if low:
-                                    m.d.sync += pred[i].eq(pred[i] + prod_r[i])
-                                else:
-                                    m.d.sync += acc[i].eq(acc[i] + prod_r[i])
+                    m.d.comb += (pred_add if low else acc_add).eq(m3_valid)
                     with m.If(m3_last):
                         if low:
                             m.next = "PSG_DECIDE"
@@ -1052,9 +1049,8 @@ class EngineCore(wiring.Component):
                                  u_shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
                                                               spec.UPDATE_SHIFT_MAX, u))),
                                  u_skip.eq(Mux(psg_on, confident, 0)), u_live.eq(live_count)]
-                    for i in range(P):
-                        # PSG needs only a sign: the prediction's where it was confident
-                        m.d.sync += u_src[i].eq(Mux(psg_on & confident[i], pred[i], acc[i]))
+                    # PSG needs only a sign: the prediction's where it was confident
+                    m.d.comb += [u_load.eq(1), u_load_pred.eq(Mux(psg_on, confident, 0))]
                     with m.If(k + 1 < K):
                         m.d.sync += k.eq(k + 1)
                         m.next = "WG_K"
@@ -1143,7 +1139,7 @@ class EngineCore(wiring.Component):
                 with m.If(wp < P):
                     m.d.sync += [wb_head.eq(u_src[0]), wb_head_on.eq(wb_lanes[0]),
                                  wb_head_lane.eq(wp), wb_lanes.eq(wb_lanes >> 1), wp.eq(wp + 1)]
-                    m.d.sync += [u_src[i].eq(u_src[i + 1]) for i in range(P - 1)]
+                    m.d.comb += u_shift_down.eq(1)
                 m.d.comb += [rq_value.eq(wb_head), rq_shift.eq(wb_shift)]
                 m.d.sync += [wb_b_valid.eq(wp < P), wb_c_valid.eq(wb_b_valid),
                              wb_y.eq(rq_out),
@@ -1191,7 +1187,7 @@ class EngineCore(wiring.Component):
                     m.d.sync += [ua_src.eq(u_src[0]), ua_old.eq(u_word[:W]), ua_on.eq(u_lanes[0]),
                                  u_word.eq(u_word >> W), u_lanes.eq(u_lanes >> 1),
                                  u_skip.eq(u_skip >> 1), up.eq(up + 1)]
-                    m.d.sync += [u_src[i].eq(u_src[i + 1]) for i in range(P - 1)]
+                    m.d.comb += u_shift_down.eq(1)
                     with m.If(u_skip[0]):
                         # a confident lane skipped the full MAC of every live sample
                         m.d.comb += count("skip_psg", u_live)
@@ -1217,6 +1213,25 @@ class EngineCore(wiring.Component):
                              count("weight_writes", popcount(u_changed))]
                 m.d.sync += u_busy.eq(0)
                 m.next = "U_IDLE"
+
+        # ---------------------------------------------------------------- lane registers
+        for i in range(P):
+            with m.If(acc_clear):
+                m.d.sync += acc[i].eq(0)
+                if has_psg:
+                    m.d.sync += pred[i].eq(0)
+            with m.Elif(m3_gate[i]):
+                with m.If(acc_add):
+                    m.d.sync += acc[i].eq(acc[i] + prod_r[i])
+                if has_psg:
+                    with m.If(pred_add):
+                        m.d.sync += pred[i].eq(pred[i] + prod_r[i])
+            with m.If(u_load):
+                m.d.sync += u_src[i].eq(Mux(u_load_pred[i], pred[i], acc[i]) if has_psg
+                                        else acc[i])
+            if i + 1 < P:
+                with m.Elif(u_shift_down):
+                    m.d.sync += u_src[i].eq(u_src[i + 1])
 
         # weight reads: w_rd.en marks every cycle whose read data is used in the next cycle
         # (without it the data is unspecified). The weight memory may be single-ported (SPRAM,
