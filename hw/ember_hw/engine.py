@@ -515,7 +515,9 @@ class EngineCore(wiring.Component):
         relu_live = Signal()
         live_count = Signal(BATCH)          # PSG: live samples of the low pass of (j, k)
         psg_max = Signal(PRED)
-        psg_thr = Signal(32)                # the threshold of PSG_DECIDE, set in WG_K
+        # the threshold of PSG_DECIDE, set in WG_K; no |prediction| exceeds 2**(PRED-1),
+        # so larger thresholds are held as that
+        psg_thr = Signal(PRED)
         psg_pass_a = Signal()               # relative mode: first pass, finds the maximum
         pred = [Signal(signed(PRED), name=f"pred{i}") for i in range(P)]
         confident = Signal(P)
@@ -544,8 +546,10 @@ class EngineCore(wiring.Component):
         kept_dense = Signal(P)              # lanes of block j that exist
         remaining = Signal(signed(WIDTH + 1))
         m.d.comb += remaining.eq(N - (j << LOGP))
-        for i in range(P):
-            m.d.comb += kept_dense[i].eq(remaining > i)
+        # lanes 0 .. remaining - 1, as a thermometer code (no comparator per lane)
+        thermometer = ((Const(1, P + 1) << remaining[:LOGP]) - 1)[:P] if LOGP else Const(0, 1)
+        m.d.comb += kept_dense.eq(Mux(remaining[-1] | (remaining == 0), 0,
+                                      Mux(remaining[LOGP:-1] != 0, (1 << P) - 1, thermometer)))
         dense = Signal()
         m.d.comb += dense.eq(keep >= N if has_ssprop else 1)
 
@@ -942,7 +946,8 @@ class EngineCore(wiring.Component):
                              a_row.eq(abase), g_row.eq(gbase)]
                 m.d.comb += acc_clear.eq(1)
                 if has_psg:
-                    m.d.sync += psg_thr.eq(Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau))
+                    thr = Mux(psg_rel, psg_max >> psg_tau[:6], psg_tau)
+                    m.d.sync += psg_thr.eq(Mux(thr >= 1 << (PRED - 1), 1 << (PRED - 1), thr))
                     with m.If(psg_on):
                         m.next = "WG_LOW"
                     with m.Else():
@@ -1014,8 +1019,13 @@ class EngineCore(wiring.Component):
                             m.next = "UPD_HANDOFF"
             if has_psg:
                 with m.State("PSG_DECIDE"):
-                    mags = [Mux(q < 0, -q, q).as_unsigned() for q in pred]
-                    conf = Cat(*[lanes_on[i] & (mags[i] > psg_thr) for i in range(P)])
+                    # |q| > thr without the negation: q > thr if q >= 0, else ~q = -q - 1 >= thr;
+                    # both are Cat(sign, q ^ sign) > Cat(0, thr), one comparator per lane
+                    def exceeds(q):
+                        sign = q[-1]
+                        folded = (q.as_unsigned() ^ sign.replicate(len(q)))[:len(q) - 1]
+                        return Cat(sign, folded) > Cat(Const(0, 1), psg_thr)
+                    conf = Cat(*[lanes_on[i] & exceeds(pred[i]) for i in range(P)])
                     with m.If(psg_pass_a):
                         # relative mode, first pass: only the maximum over kept lanes, found
                         # one lane per cycle
