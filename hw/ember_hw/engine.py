@@ -278,7 +278,10 @@ class EngineCore(wiring.Component):
         # memory ports driven by the bus when idle (the sequencer owns them when busy)
         bus_w_addr = Signal.like(w_rd.addr)
         bus_w_rd = Signal()                 # the bus reads a weight word (w_rd.en when idle)
-        bus_lane_pair = Signal(LOGP)
+        u_word = Signal(P * W)              # a weight word, shifted down a lane at a time
+        bus_lanes_left = Signal(range(P))   # lanes u_word still shifts for a bus read
+        u_word_load = Signal()              # u_word <- the weight word read last cycle
+        u_word_shift = Signal()             # u_word shifts down one lane
         bus_a_byte = Signal(2)
 
         with m.If(active):
@@ -358,15 +361,23 @@ class EngineCore(wiring.Component):
                                      w_wr.en.eq(Const(0b11, 2) << (pair * 2))]
                         m.d.comb += ack()
                     with m.Else():
-                        # read: address this cycle, data next cycle
-                        m.d.comb += bus_w_rd.eq(1)
-                        with m.If(bus_phase == 0):
-                            m.d.comb += [bus_w_addr.eq(word)]
-                            m.d.sync += [bus_phase.eq(1), bus_lane_pair.eq(pair)]
-                        with m.Else():
-                            m.d.comb += [bus_w_addr.eq(word)]
-                            m.d.comb += ack(w_rd.data.word_select(bus_lane_pair, 32))
-                            m.d.sync += bus_phase.eq(0)
+                        # read: address, then the word into the update unit's u_word, which
+                        # shifts down a lane per cycle until the pair is at its bottom (no
+                        # P * 16-to-32 multiplexer; the link is far slower than this)
+                        with m.Switch(bus_phase):
+                            with m.Case(0):
+                                m.d.comb += [bus_w_rd.eq(1), bus_w_addr.eq(word)]
+                                m.d.sync += [bus_phase.eq(1), bus_lanes_left.eq(pair << 1)]
+                            with m.Case(1):
+                                m.d.comb += u_word_load.eq(1)
+                                m.d.sync += bus_phase.eq(2)
+                            with m.Default():
+                                with m.If(bus_lanes_left != 0):
+                                    m.d.comb += u_word_shift.eq(1)
+                                    m.d.sync += bus_lanes_left.eq(bus_lanes_left - 1)
+                                with m.Else():
+                                    m.d.comb += ack(u_word[:32])
+                                    m.d.sync += bus_phase.eq(0)
                 with m.Case(regions["acts"]):
                     # four bytes per bus word, written one per cycle; bytes past the input
                     # region (batch * inputs of layer 0) are not written (nor counted)
@@ -528,7 +539,6 @@ class EngineCore(wiring.Component):
         u_lanes = Signal(P)
         u_addr = Signal.like(d_wbase[0])
         u_shift = Signal(6)
-        u_word = Signal(P * W)
         u_changed = Signal(P)
         u_skip = Signal(P)                  # PSG: confident lanes (their full MACs skipped)
         u_live = Signal(BATCH)              # PSG: live samples of the low pass
@@ -1189,13 +1199,14 @@ class EngineCore(wiring.Component):
                 m.d.sync += [up.eq(0), ub_valid.eq(0), uc_valid.eq(0)]
                 m.next = "U_LATCH"
             with m.State("U_LATCH"):
-                m.d.sync += u_word.eq(w_rd.data)
+                m.d.comb += u_word_load.eq(1)
                 m.next = "U_LANE"
             with m.State("U_LANE"):
                 # stage A
                 with m.If(up < P):
+                    m.d.comb += u_word_shift.eq(1)
                     m.d.sync += [ua_src.eq(u_src[0]), ua_old.eq(u_word[:W]), ua_on.eq(u_lanes[0]),
-                                 u_word.eq(u_word >> W), u_lanes.eq(u_lanes >> 1),
+                                 u_lanes.eq(u_lanes >> 1),
                                  u_skip.eq(u_skip >> 1), up.eq(up + 1)]
                     m.d.comb += u_shift_down.eq(1)
                     with m.If(u_skip[0]):
@@ -1225,6 +1236,10 @@ class EngineCore(wiring.Component):
                 m.next = "U_IDLE"
 
         # ---------------------------------------------------------------- lane registers
+        with m.If(u_word_load):
+            m.d.sync += u_word.eq(w_rd.data)
+        with m.Elif(u_word_shift):
+            m.d.sync += u_word.eq(u_word >> W)
         for i in range(P):
             with m.If(acc_clear):
                 m.d.sync += acc[i].eq(0)
