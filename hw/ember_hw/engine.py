@@ -468,6 +468,7 @@ class EngineCore(wiring.Component):
         # lane datapath
         # accumulators as wide as this build's largest sums (spec.Build.*_bits)
         LACC, DACC, PRED = bld.lane_acc_bits(), bld.dx_acc_bits(), bld.pred_bits()
+        assert PRED <= LACC, "the PSG prediction is accumulated in the lane accumulators"
         acc = [Signal(signed(LACC), name=f"acc{i}") for i in range(P)]
         mul_a = [Signal(signed(16), name=f"mul_a{i}") for i in range(P)]
         mul_b = [Signal(signed(16), name=f"mul_b{i}") for i in range(P)]
@@ -496,11 +497,10 @@ class EngineCore(wiring.Component):
         m3_gate = Signal(P)
         s2_act = Signal(8)
         # the lanes' registers are stepped in one place (end of elaborate) by these strobes
-        acc_clear = Signal()                # accumulators and PSG predictions to 0
+        acc_clear = Signal()                # accumulators to 0
+        acc_zero = Signal(P)                # these lanes' accumulators to 0
         acc_add = Signal()                  # acc += prod_r in the lanes of m3_gate
-        pred_add = Signal()                 # pred += prod_r in the lanes of m3_gate
-        u_load = Signal()                   # u_src <- acc (or pred in the lanes of u_load_pred)
-        u_load_pred = Signal(P)
+        u_load = Signal()                   # u_src <- acc
         u_shift_down = Signal()             # u_src[i] <- u_src[i + 1]: the head lane was taken
         lanes_on = Signal(P)                # kept lanes of the current block
         s1_lanes = Signal(P)
@@ -530,7 +530,9 @@ class EngineCore(wiring.Component):
         # so larger thresholds are held as that
         psg_thr = Signal(PRED)
         psg_pass_a = Signal()               # relative mode: first pass, finds the maximum
-        pred = [Signal(signed(PRED), name=f"pred{i}") for i in range(P)]
+        # the PSG prediction is accumulated in the lane's accumulator (it fits PRED bits); the
+        # uncertain lanes' are cleared for the recompute, the confident lanes' kept
+        pred = [a[:PRED].as_signed() for a in acc]
         confident = Signal(P)
         uncertain = Signal(P)
         # the update unit's copy of one (j, k): gradient sources, kept lanes, address, shift
@@ -1021,7 +1023,7 @@ class EngineCore(wiring.Component):
                         m.d.comb += count("mac_weight_grad_low" if low else "mac_weight_grad",
                                           popcount(gate))
                     # stage 3: accumulate
-                    m.d.comb += (pred_add if low else acc_add).eq(m3_valid)
+                    m.d.comb += acc_add.eq(m3_valid)
                     with m.If(m3_last):
                         if low:
                             m.next = "PSG_DECIDE"
@@ -1046,6 +1048,7 @@ class EngineCore(wiring.Component):
                         # unit, one lane per cycle
                         m.d.sync += [confident.eq(conf), uncertain.eq(lanes_on & ~conf)]
                         with m.If((lanes_on & ~conf) != 0):
+                            m.d.comb += acc_zero.eq(lanes_on & ~conf)
                             m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0),
                                          m3_valid.eq(0), m3_last.eq(0),
                                          a_row.eq(abase), g_row.eq(gbase)]
@@ -1070,7 +1073,7 @@ class EngineCore(wiring.Component):
                                                               spec.UPDATE_SHIFT_MAX, u))),
                                  u_skip.eq(Mux(psg_on, confident, 0)), u_live.eq(live_count)]
                     # PSG needs only a sign: the prediction's where it was confident
-                    m.d.comb += [u_load.eq(1), u_load_pred.eq(Mux(psg_on, confident, 0))]
+                    m.d.comb += u_load.eq(1)
                     with m.If(k + 1 < K):
                         m.d.sync += k.eq(k + 1)
                         m.next = "WG_K"
@@ -1241,19 +1244,12 @@ class EngineCore(wiring.Component):
         with m.Elif(u_word_shift):
             m.d.sync += u_word.eq(u_word >> W)
         for i in range(P):
-            with m.If(acc_clear):
+            with m.If(acc_clear | acc_zero[i]):
                 m.d.sync += acc[i].eq(0)
-                if has_psg:
-                    m.d.sync += pred[i].eq(0)
-            with m.Elif(m3_gate[i]):
-                with m.If(acc_add):
-                    m.d.sync += acc[i].eq(acc[i] + prod_r[i])
-                if has_psg:
-                    with m.If(pred_add):
-                        m.d.sync += pred[i].eq(pred[i] + prod_r[i])
+            with m.Elif(acc_add & m3_gate[i]):
+                m.d.sync += acc[i].eq(acc[i] + prod_r[i])
             with m.If(u_load):
-                m.d.sync += u_src[i].eq(Mux(u_load_pred[i], pred[i], acc[i]) if has_psg
-                                        else acc[i])
+                m.d.sync += u_src[i].eq(acc[i])
             if i + 1 < P:
                 with m.Elif(u_shift_down):
                     m.d.sync += u_src[i].eq(u_src[i + 1])
