@@ -1009,9 +1009,10 @@ class EngineCore(wiring.Component):
                     for i in range(P):
                         if low:
                             # the top bits of the magnitude with the sign: dY / 2**drop
-                            # truncated toward zero, in one add: (g + (2**drop - 1 if g < 0))
+                            # truncated toward zero, (g + (2**drop - 1 if g < 0)) >> drop,
+                            # which is g's top bits plus the carry out of its low bits
                             gi = g_lane[i]
-                            hi = (gi + Mux(gi < 0, (1 << drop) - 1, 0)) >> drop
+                            hi = gi[drop:].as_signed() + (gi[-1] & (gi[:drop] != 0))
                             m.d.comb += [mul_a[i].eq(hi),
                                          mul_b[i].eq(s2_act >> (8 - spec.PSG_ACT_MSBS))]
                         else:
