@@ -494,6 +494,7 @@ class EngineCore(wiring.Component):
         # into the lanes marked in m3_gate
         prod_r = [Signal(signed(32), name=f"prod_r{i}") for i in range(P)]
         m3_valid, m3_last = Signal(), Signal()
+        ig_keep = Signal(P)                 # input gradient: the lanes whose products count
         m3_gate = Signal(P)
         s2_act = Signal(8)
         # the lanes' registers are stepped in one place (end of elaborate) by these strobes
@@ -616,7 +617,6 @@ class EngineCore(wiring.Component):
                 # stage 2: multiply
                 for i in range(P):
                     m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(s2_act)]
-                    m.d.sync += prod_r[i].eq(prod[i])
                 m.d.sync += [m3_valid.eq(s2_valid & s2_live), m3_last.eq(s2_valid & s2_last),
                              m3_gate.eq(lanes_valid)]
                 with m.If(s2_valid & s2_live):
@@ -851,7 +851,6 @@ class EngineCore(wiring.Component):
             relu_cur = Signal()
             s1_relu, s1_live = Signal(), Signal()
             s1_sidx = Signal.like(sidx)
-            ig_prod = [Signal(signed(32), name=f"ig_prod{i}") for i in range(P)]
             s2_relu = Signal()
             s2_sidx = Signal.like(sidx)
             s3_valid = Signal()
@@ -1017,8 +1016,7 @@ class EngineCore(wiring.Component):
                                          mul_b[i].eq(s2_act >> (8 - spec.PSG_ACT_MSBS))]
                         else:
                             m.d.comb += [mul_a[i].eq(g_lane[i]), mul_b[i].eq(s2_act)]
-                        m.d.sync += prod_r[i].eq(prod[i])
-                    m.d.sync += [m3_valid.eq(s2_valid & s2_live),
+                        m.d.sync += [m3_valid.eq(s2_valid & s2_live),
                                  m3_last.eq(s2_valid & s2_last), m3_gate.eq(gate)]
                     with m.If(s2_valid & s2_live):
                         m.d.comb += count("mac_weight_grad_low" if low else "mac_weight_grad",
@@ -1119,7 +1117,7 @@ class EngineCore(wiring.Component):
                                  else s1_lanes)
             for i in range(P):
                 m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
-                m.d.sync += ig_prod[i].eq(Mux(s1_valid & s1_live & kept1[i], prod[i], 0))
+            m.d.comb += ig_keep.eq(Mux(s1_valid & s1_live, kept1, 0))
             m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last),
                          s2_relu.eq(s1_relu), s2_sidx.eq(s1_sidx)]
             with m.If(s1_valid & s1_live):
@@ -1128,7 +1126,7 @@ class EngineCore(wiring.Component):
                              count("grad_lane_reads", popcount(kept1))]
             # stage 2: sum into dX; written at the last slot of its (b, k)
             total = Signal(signed(DACC), name="dx_total")
-            m.d.comb += total.eq(dx_acc + tree_sum(ig_prod))
+            m.d.comb += total.eq(dx_acc + tree_sum(prod_r))
             dx = Signal(signed(spec.DX_BITS), name="dx")
             m.d.comb += dx.eq(Mux(s2_relu, clamp_signed(total, spec.DX_BITS), 0))
             m.d.sync += [s3_valid.eq(s2_valid & s2_last), s3_dx.eq(dx)]
@@ -1240,6 +1238,10 @@ class EngineCore(wiring.Component):
                 m.next = "U_IDLE"
 
         # ---------------------------------------------------------------- lane registers
+        # every phase registers the lanes' products; the input-gradient pass zeroes the lanes
+        # that do not count, so that its adder tree sums all P
+        for i in range(P):
+            m.d.sync += prod_r[i].eq(Mux(ig_pipe & ~ig_keep[i], 0, prod[i]))
         with m.If(u_word_load):
             m.d.sync += u_word.eq(w_rd.data)
         with m.Elif(u_word_shift):
