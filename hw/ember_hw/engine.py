@@ -278,7 +278,9 @@ class EngineCore(wiring.Component):
         # memory ports driven by the bus when idle (the sequencer owns them when busy)
         bus_w_addr = Signal.like(w_rd.addr)
         bus_w_rd = Signal()                 # the bus reads a weight word (w_rd.en when idle)
-        u_word = Signal(P * W)              # a weight word, shifted down a lane at a time
+        # (the lanes' data registers are reset_less: every phase writes them before it reads
+        # them, and a reset net to thousands of flip-flops only costs routing)
+        u_word = Signal(P * W, reset_less=True)     # a weight word, shifted down a lane a cycle
         bus_lanes_left = Signal(range(P))   # lanes u_word still shifts for a bus read
         u_word_load = Signal()              # u_word <- the weight word read last cycle
         u_word_shift = Signal()             # u_word shifts down one lane
@@ -469,7 +471,7 @@ class EngineCore(wiring.Component):
         # accumulators as wide as this build's largest sums (spec.Build.*_bits)
         LACC, DACC, PRED = bld.lane_acc_bits(), bld.dx_acc_bits(), bld.pred_bits()
         assert PRED <= LACC, "the PSG prediction is accumulated in the lane accumulators"
-        acc = [Signal(signed(LACC), name=f"acc{i}") for i in range(P)]
+        acc = [Signal(signed(LACC), name=f"acc{i}", reset_less=True) for i in range(P)]
         mul_a = [Signal(signed(16), name=f"mul_a{i}") for i in range(P)]
         mul_b = [Signal(signed(16), name=f"mul_b{i}") for i in range(P)]
         prod = [Signal(signed(32), name=f"prod{i}") for i in range(P)]
@@ -492,7 +494,7 @@ class EngineCore(wiring.Component):
         s2_live = Signal()
         # stage 3 of the forward and weight-gradient loops: registered products, accumulated
         # into the lanes marked in m3_gate
-        prod_r = [Signal(signed(32), name=f"prod_r{i}") for i in range(P)]
+        prod_r = [Signal(signed(32), name=f"prod_r{i}", reset_less=True) for i in range(P)]
         m3_valid, m3_last = Signal(), Signal()
         ig_keep = Signal(P)                 # input gradient: the lanes whose products count
         m3_gate = Signal(P)
@@ -538,7 +540,7 @@ class EngineCore(wiring.Component):
         uncertain = Signal(P)
         # the update unit's copy of one (j, k): gradient sources, kept lanes, address, shift
         u_busy = Signal()
-        u_src = [Signal(signed(LACC), name=f"u_src{i}") for i in range(P)]
+        u_src = [Signal(signed(LACC), name=f"u_src{i}", reset_less=True) for i in range(P)]
         u_lanes = Signal(P)
         u_addr = Signal.like(d_wbase[0])
         u_shift = Signal(6)
@@ -1191,7 +1193,7 @@ class EngineCore(wiring.Component):
         ua_on, ub_on = Signal(), Signal()
         ub_valid, uc_valid = Signal(), Signal()
         ub_delta = Signal(signed(LACC + 2))
-        u_new = Signal(P * W)
+        u_new = Signal(P * W, reset_less=True)
         with m.FSM(name="update") as ufsm:
             with m.State("U_IDLE"):
                 with m.If(u_busy):
