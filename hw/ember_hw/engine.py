@@ -472,11 +472,17 @@ class EngineCore(wiring.Component):
         LACC, DACC, PRED = bld.lane_acc_bits(), bld.dx_acc_bits(), bld.pred_bits()
         assert PRED <= LACC, "the PSG prediction is accumulated in the lane accumulators"
         acc = [Signal(signed(LACC), name=f"acc{i}", reset_less=True) for i in range(P)]
+        # each phase chooses the lanes' operands (mul_a, mul_b); they are registered (op_a,
+        # op_b) before the multiplier, so that a memory read, the operand choice and a multiply
+        # are not one path: products reach prod_r two cycles after their operands are chosen
         mul_a = [Signal(signed(16), name=f"mul_a{i}") for i in range(P)]
         mul_b = [Signal(signed(16), name=f"mul_b{i}") for i in range(P)]
+        op_a = [Signal(signed(16), name=f"op_a{i}", reset_less=True) for i in range(P)]
+        op_b = [Signal(signed(16), name=f"op_b{i}", reset_less=True) for i in range(P)]
         prod = [Signal(signed(32), name=f"prod{i}") for i in range(P)]
         for i in range(P):
-            m.d.comb += prod[i].eq(mul_a[i] * mul_b[i])
+            m.d.sync += [op_a[i].eq(mul_a[i]), op_b[i].eq(mul_b[i])]
+            m.d.comb += prod[i].eq(op_a[i] * op_b[i])
         w_lane = [w_rd.data.word_select(i, W).as_signed() for i in range(P)]
         g_lane = [g_rd.data.word_select(i, 16).as_signed() for i in range(P)]
         # gradient memory writes are one lane at a time (loss unit, dX requantizer, logits):
@@ -492,12 +498,17 @@ class EngineCore(wiring.Component):
         s1_valid, s2_valid = Signal(), Signal()
         s1_last, s2_last = Signal(), Signal()
         s2_live = Signal()
-        # stage 3 of the forward and weight-gradient loops: registered products, accumulated
-        # into the lanes marked in m3_gate
+        # forward and weight-gradient loops: stage 2 chooses the operands (m2: registered
+        # operands), stage 3 has the registered products (m3), accumulated into the lanes of
+        # m3_gate; the m2 flags follow into m3 every cycle unless a state sets them
         prod_r = [Signal(signed(32), name=f"prod_r{i}", reset_less=True) for i in range(P)]
+        m2_valid, m2_last, m2_gate = Signal(), Signal(), Signal(P)
         m3_valid, m3_last = Signal(), Signal()
-        ig_keep = Signal(P)                 # input gradient: the lanes whose products count
         m3_gate = Signal(P)
+        m.d.sync += [m3_valid.eq(m2_valid), m3_last.eq(m2_last), m3_gate.eq(m2_gate)]
+        ig_keep = Signal(P)                 # input gradient: the lanes whose products count
+        ig_keep_r = Signal(P)               # ... a cycle later, with the registered operands
+        ig_pipe_r = Signal()
         s2_act = Signal(8)
         # the lanes' registers are stepped in one place (end of elaborate) by these strobes
         acc_clear = Signal()                # accumulators to 0
@@ -593,8 +604,8 @@ class EngineCore(wiring.Component):
                                  g_row.eq(gbase)]
                     m.next = "FWD_ROW"
             with m.State("FWD_ROW"):
-                m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0), m3_valid.eq(0),
-                             m3_last.eq(0)]
+                m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0), m2_valid.eq(0),
+                             m2_last.eq(0), m3_valid.eq(0), m3_last.eq(0)]
                 m.d.comb += acc_clear.eq(1)
                 m.next = "FWD_RUN"
             with m.State("FWD_RUN"):
@@ -619,8 +630,8 @@ class EngineCore(wiring.Component):
                 # stage 2: multiply
                 for i in range(P):
                     m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(s2_act)]
-                m.d.sync += [m3_valid.eq(s2_valid & s2_live), m3_last.eq(s2_valid & s2_last),
-                             m3_gate.eq(lanes_valid)]
+                m.d.sync += [m2_valid.eq(s2_valid & s2_live), m2_last.eq(s2_valid & s2_last),
+                             m2_gate.eq(lanes_valid)]
                 with m.If(s2_valid & s2_live):
                     m.d.comb += count("mac_forward", popcount(lanes_valid))
                 # stage 3: accumulate
@@ -847,12 +858,15 @@ class EngineCore(wiring.Component):
                     m.next = "WG_START"
             # Pipelined over (b, k) with j innermost: one issue slot per block (one slot for
             # a (b, k) skipped as zero); A of the next (b, k) is read while the current one's
-            # slots run. Stage 1 registers the kept lanes' products, stage 2 adds them (adder
-            # tree) into dX and writes it at the (b, k)'s last slot, stage 3 keeps max |dX|.
+            # slots run. Stage 1 has the operands (registered in stage 1b), stage 2 the kept
+            # lanes' products, which it adds (adder tree) into dX, written at the (b, k)'s last
+            # slot; stage 3 keeps max |dX|.
             sidx = Signal(range(bld.scratch_entries + 1))       # b*K + k of the current slot
             relu_cur = Signal()
             s1_relu, s1_live = Signal(), Signal()
             s1_sidx = Signal.like(sidx)
+            s1b_valid, s1b_last, s1b_relu = Signal(), Signal(), Signal()
+            s1b_sidx = Signal.like(sidx)
             s2_relu = Signal()
             s2_sidx = Signal.like(sidx)
             s3_valid = Signal()
@@ -860,13 +874,14 @@ class EngineCore(wiring.Component):
             ig_pipe = Signal()                  # IG_RUN or IG_DRAIN: stages 1 to 3 run
             with m.State("IG_A"):
                 m.d.comb += a_rd.addr.eq(abase)
-                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), s2_valid.eq(0),
-                             s3_valid.eq(0), sidx.eq(0), w_row.eq(wbase), g_row.eq(gbase)]
+                m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), s1b_valid.eq(0),
+                             s2_valid.eq(0), s3_valid.eq(0), sidx.eq(0), w_row.eq(wbase),
+                             g_row.eq(gbase)]
                 m.next = "IG_RUN"
             with m.State("IG_DRAIN"):
                 m.d.comb += ig_pipe.eq(1)
                 m.d.sync += s1_valid.eq(0)
-                with m.If(~s1_valid & ~s2_valid & ~s3_valid):
+                with m.If(~s1_valid & ~s1b_valid & ~s2_valid & ~s3_valid):
                     m.next = "REQ_START"
             with m.State("IG_RUN"):
                 m.d.comb += ig_pipe.eq(1)
@@ -955,7 +970,7 @@ class EngineCore(wiring.Component):
                     m.next = "WG_K"
             with m.State("WG_K"):
                 m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0), live_count.eq(0),
-                             m3_valid.eq(0), m3_last.eq(0),
+                             m2_valid.eq(0), m2_last.eq(0), m3_valid.eq(0), m3_last.eq(0),
                              a_row.eq(abase), g_row.eq(gbase)]
                 m.d.comb += acc_clear.eq(1)
                 if has_psg:
@@ -1018,8 +1033,8 @@ class EngineCore(wiring.Component):
                                          mul_b[i].eq(s2_act >> (8 - spec.PSG_ACT_MSBS))]
                         else:
                             m.d.comb += [mul_a[i].eq(g_lane[i]), mul_b[i].eq(s2_act)]
-                        m.d.sync += [m3_valid.eq(s2_valid & s2_live),
-                                 m3_last.eq(s2_valid & s2_last), m3_gate.eq(gate)]
+                        m.d.sync += [m2_valid.eq(s2_valid & s2_live),
+                                 m2_last.eq(s2_valid & s2_last), m2_gate.eq(gate)]
                     with m.If(s2_valid & s2_live):
                         m.d.comb += count("mac_weight_grad_low" if low else "mac_weight_grad",
                                           popcount(gate))
@@ -1051,6 +1066,7 @@ class EngineCore(wiring.Component):
                         with m.If((lanes_on & ~conf) != 0):
                             m.d.comb += acc_zero.eq(lanes_on & ~conf)
                             m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0),
+                                         m2_valid.eq(0), m2_last.eq(0),
                                          m3_valid.eq(0), m3_last.eq(0),
                                          a_row.eq(abase), g_row.eq(gbase)]
                             m.next = "WG_FULL"
@@ -1120,8 +1136,11 @@ class EngineCore(wiring.Component):
             for i in range(P):
                 m.d.comb += [mul_a[i].eq(w_lane[i]), mul_b[i].eq(g_lane[i])]
             m.d.comb += ig_keep.eq(Mux(s1_valid & s1_live, kept1, 0))
-            m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last),
-                         s2_relu.eq(s1_relu), s2_sidx.eq(s1_sidx)]
+            # stage 1b: the operands are registered; stage 2 has their products in prod_r
+            m.d.sync += [s1b_valid.eq(s1_valid), s1b_last.eq(s1_last),
+                         s1b_relu.eq(s1_relu), s1b_sidx.eq(s1_sidx)]
+            m.d.sync += [s2_valid.eq(s1b_valid), s2_last.eq(s1b_last),
+                         s2_relu.eq(s1b_relu), s2_sidx.eq(s1b_sidx)]
             with m.If(s1_valid & s1_live):
                 m.d.comb += [count("mac_input_grad", popcount(kept1)),
                              count("weight_reads", popcount(kept1)),
@@ -1242,8 +1261,9 @@ class EngineCore(wiring.Component):
         # ---------------------------------------------------------------- lane registers
         # every phase registers the lanes' products; the input-gradient pass zeroes the lanes
         # that do not count, so that its adder tree sums all P
+        m.d.sync += [ig_keep_r.eq(ig_keep), ig_pipe_r.eq(ig_pipe)]
         for i in range(P):
-            m.d.sync += prod_r[i].eq(Mux(ig_pipe & ~ig_keep[i], 0, prod[i]))
+            m.d.sync += prod_r[i].eq(Mux(ig_pipe_r & ~ig_keep_r[i], 0, prod[i]))
         with m.If(u_word_load):
             m.d.sync += u_word.eq(w_rd.data)
         with m.Elif(u_word_shift):
