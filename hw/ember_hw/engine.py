@@ -522,10 +522,14 @@ class EngineCore(wiring.Component):
 
         # one rounding shifter, shared by the three units that requantize and never run at
         # the same time: the forward writeback (W_LANE), the dX requantizer (REQ_RUN) and the
-        # update unit (U_LANE); each drives its value and shift while it runs
+        # update unit (U_LANE). Its input is a register: the writeback and update units load
+        # the head lane of u_src (rq_take_head, with their shift in rq_head_shift), the
+        # requantizer a dX entry (rq_take_dx); rq_out is the rounded value a cycle later
         RQ = max(LACC, spec.DX_BITS)
-        rq_value = Signal(signed(RQ))
-        rq_shift = Signal(6)
+        rq_value = Signal(signed(RQ), reset_less=True)
+        rq_shift = Signal(6, reset_less=True)
+        rq_take_head, rq_take_dx = Signal(), Signal()
+        rq_head_shift = Signal(6)
         rq_out = Signal(signed(RQ + 2))
         m.d.comb += rq_out.eq(round_shift(rq_value, rq_shift, RQ))
 
@@ -923,14 +927,16 @@ class EngineCore(wiring.Component):
                              ridx.eq(0), s1_valid.eq(0), s2_valid.eq(0), g_row.eq(gbase_below)]
                 m.next = "REQ_RUN"
             with m.State("REQ_RUN"):
-                # stage 0: read scratch entry ridx = b*K + k; stage 1: round and shift it;
-                # stage 2: saturate and write dY_below
+                # stage 0: read scratch entry ridx = b*K + k; stage 1: into the shifter's
+                # input; stage 2: round and shift it; stage 3: saturate and write dY_below
                 issue = b < batch
                 m.d.comb += [s_rd.addr.eq(ridx), count("grad_reads", issue)]
-                s1_g_row, s2_g_row = Signal.like(g_row), Signal.like(g_row)
-                s1_k, s2_k = Signal.like(k), Signal.like(k)
+                s1_g_row, s2_g_row, s3_g_row = (Signal.like(g_row) for _ in range(3))
+                s1_k, s2_k, s3_k = (Signal.like(k) for _ in range(3))
+                req_s3_valid = Signal()
                 m.d.sync += [s1_valid.eq(issue), s1_g_row.eq(g_row), s1_k.eq(k),
-                             s2_valid.eq(s1_valid), s2_g_row.eq(s1_g_row), s2_k.eq(s1_k)]
+                             s2_valid.eq(s1_valid), s2_g_row.eq(s1_g_row), s2_k.eq(s1_k),
+                             req_s3_valid.eq(s2_valid), s3_g_row.eq(s2_g_row), s3_k.eq(s2_k)]
                 nb_below = (K + P - 1) >> LOGP      # blocks of the layer below (N below = K)
                 with m.If(issue):
                     m.d.sync += ridx.eq(ridx + 1)
@@ -939,15 +945,15 @@ class EngineCore(wiring.Component):
                     with m.Else():
                         m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb_below)]
                 req_v = Signal(signed(spec.DX_BITS + 1))
-                m.d.comb += [rq_value.eq(s_rd.data), rq_shift.eq(dx_shift)]
+                m.d.comb += rq_take_dx.eq(1)
                 m.d.sync += req_v.eq(rq_out)
                 dy16 = clamp_signed(req_v, 16)           # gradients are symmetric: no -32768
                 dy = Mux(dy16 == -32768, -32767, dy16)
-                with m.If(s2_valid):
-                    m.d.comb += [g_wr.addr.eq(s2_g_row + (s2_k >> LOGP)),
+                with m.If(req_s3_valid):
+                    m.d.comb += [g_wr.addr.eq(s3_g_row + (s3_k >> LOGP)),
                                  g_wr_value.eq(dy), g_wr_on.eq(1),
-                                 g_wr_lane.eq(s2_k[:LOGP]), count("grad_writes")]
-                with m.If(~s1_valid & ~s2_valid & (b == batch)):
+                                 g_wr_lane.eq(s3_k[:LOGP]), count("grad_writes")]
+                with m.If(~s1_valid & ~s2_valid & ~req_s3_valid & (b == batch)):
                     m.next = "WG_START"
 
             # ---------------- weight gradient and update, per block j and input k
@@ -1167,8 +1173,8 @@ class EngineCore(wiring.Component):
         # forward outputs of one block, one lane per cycle through the requantizer: ReLU and
         # UQ2.6 bytes into the activation memory, or Q7.8 logits into the gradient memory.
         # Stage A takes the lane at the head of u_src (which shifts down one lane per cycle,
-        # so no P-way multiplexer), stage B rounds and shifts it, stage C saturates and writes.
-        wb_head = Signal(signed(LACC))
+        # so no P-way multiplexer) into the shifter, stage B rounds and shifts it, stage C
+        # saturates and writes.
         wb_y = Signal(signed(LACC + 1))
         wb_head_on, wb_y_on = Signal(), Signal()
         wb_head_lane, wb_y_lane = Signal(range(P)), Signal(range(P))
@@ -1180,10 +1186,10 @@ class EngineCore(wiring.Component):
                     m.next = "W_LANE"
             with m.State("W_LANE"):
                 with m.If(wp < P):
-                    m.d.sync += [wb_head.eq(u_src[0]), wb_head_on.eq(wb_lanes[0]),
+                    m.d.sync += [wb_head_on.eq(wb_lanes[0]),
                                  wb_head_lane.eq(wp), wb_lanes.eq(wb_lanes >> 1), wp.eq(wp + 1)]
-                    m.d.comb += u_shift_down.eq(1)
-                m.d.comb += [rq_value.eq(wb_head), rq_shift.eq(wb_shift)]
+                    m.d.comb += [u_shift_down.eq(1), rq_take_head.eq(1),
+                                 rq_head_shift.eq(wb_shift)]
                 m.d.sync += [wb_b_valid.eq(wp < P), wb_c_valid.eq(wb_b_valid),
                              wb_y.eq(rq_out),
                              wb_y_on.eq(wb_head_on), wb_y_lane.eq(wb_head_lane)]
@@ -1207,7 +1213,6 @@ class EngineCore(wiring.Component):
         # head lane of u_src and of the weight word (both shift down a lane per cycle), stage
         # B rounds and shifts the gradient (or takes the PSG step), stage C subtracts,
         # saturates and shifts the new weight into u_new.
-        ua_src = Signal(signed(LACC))
         ua_old, ub_old = Signal(signed(W)), Signal(signed(W))
         ua_on, ub_on = Signal(), Signal()
         ub_valid, uc_valid = Signal(), Signal()
@@ -1228,18 +1233,18 @@ class EngineCore(wiring.Component):
                 # stage A
                 with m.If(up < P):
                     m.d.comb += u_word_shift.eq(1)
-                    m.d.sync += [ua_src.eq(u_src[0]), ua_old.eq(u_word[:W]), ua_on.eq(u_lanes[0]),
+                    m.d.sync += [ua_old.eq(u_word[:W]), ua_on.eq(u_lanes[0]),
                                  u_lanes.eq(u_lanes >> 1),
                                  u_skip.eq(u_skip >> 1), up.eq(up + 1)]
-                    m.d.comb += u_shift_down.eq(1)
+                    m.d.comb += [u_shift_down.eq(1), rq_take_head.eq(1),
+                                 rq_head_shift.eq(u_shift)]
                     with m.If(u_skip[0]):
                         # a confident lane skipped the full MAC of every live sample
                         m.d.comb += count("skip_psg", u_live)
                 m.d.sync += ub_valid.eq(up < P)
                 # stage B: the amount to subtract
                 step = (Const(1, unsigned(16)) << psg_step)[:16]
-                sign_step = Mux(ua_src > 0, step, 0) - Mux(ua_src < 0, step, 0)
-                m.d.comb += [rq_value.eq(ua_src), rq_shift.eq(u_shift)]
+                sign_step = Mux(rq_value > 0, step, 0) - Mux(rq_value < 0, step, 0)
                 m.d.sync += [ub_delta.eq(Mux(psg_on, sign_step, rq_out)),
                              ub_old.eq(ua_old), ub_on.eq(ua_on), uc_valid.eq(ub_valid)]
                 # stage C: the new weight, saturated; written only if it changed
@@ -1257,6 +1262,12 @@ class EngineCore(wiring.Component):
                              count("weight_writes", popcount(u_changed))]
                 m.d.sync += u_busy.eq(0)
                 m.next = "U_IDLE"
+
+        # ---------------------------------------------------------------- shifter input
+        with m.If(rq_take_dx):
+            m.d.sync += [rq_value.eq(s_rd.data), rq_shift.eq(dx_shift)]
+        with m.Elif(rq_take_head):
+            m.d.sync += [rq_value.eq(u_src[0]), rq_shift.eq(rq_head_shift)]
 
         # ---------------------------------------------------------------- lane registers
         # every phase registers the lanes' products; the input-gradient pass zeroes the lanes
