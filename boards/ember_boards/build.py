@@ -220,10 +220,12 @@ def _tool_versions(board_info):
 # --------------------------------------------------------------------------- the build
 
 def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=None,
-          router="router1"):
+          router="router1", placer_density=None):
     """Build `board` into `out_dir` with the engine build `engine_build` (a spec.BUILDS name;
     default the board's own), with only the optional units in `features` if given (names
-    from spec.FEATURES) and nextpnr's `router`. Returns (report dict, list of problems; empty if
+    from spec.FEATURES), nextpnr's `router` and, if given, the heap placer's maximum placement
+    density `placer_density` (nextpnr's --placer-heap-beta, default 0.9; lower spreads the
+    cells, which relieves routing congestion). Returns (report dict, list of problems; empty if
     all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
@@ -241,6 +243,7 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
 
     report = {
         "board": board, "build": bld.name, "features": list(bld.features), "router": router,
+        "placer_density": placer_density,
         "device": plat.device,
         "package": plat.package,
         "lanes": bld.lanes, "target_mhz": round(top.clock_hz / 1e6, 6),
@@ -264,7 +267,8 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
 
     overrides = {
         "nextpnr_opts": (f"--seed {seed} --report {NEXTPNR_REPORT} --timing-allow-fail "
-                         f"--router {router}"),
+                         f"--router {router}" +
+                         (f" --placer-heap-beta {placer_density}" if placer_density else "")),
         "debug_verilog": False,
     }
     if board_info["synth_opts"]:
@@ -374,6 +378,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--router", choices=("router1", "router2"), default="router1",
                         help="nextpnr's router (router2 is faster on large ECP5 designs)")
+    parser.add_argument("--placer-density", type=float,
+                        help="nextpnr heap placer's maximum placement density (0..1, nextpnr's "
+                             "default 0.9); lower spreads the design to relieve congestion")
     parser.add_argument("--build", choices=sorted(spec.BUILDS), dest="engine_build",
                         help="engine build to put on the board (default: the board's own; "
                              "'tiny' checks the tool flow in a few minutes)")
@@ -389,7 +396,7 @@ def main(argv=None):
     features = None if args.features is None else [f for f in args.features.split(",") if f]
     report, problems = build(args.board, out, seed=args.seed, engine_build=args.engine_build,
                              run_tools=not args.report_only, features=features,
-                             router=args.router)
+                             router=args.router, placer_density=args.placer_density)
     fmax = "n/a" if report["fmax_mhz"] is None else f"{report['fmax_mhz']:.2f} MHz"
     print(f"{args.board}: stage {report['stage']}, fits {report['fits']}, fmax {fmax} "
           f"(target {report['target_mhz']:g} MHz), {report['build_seconds']} s; "
