@@ -69,6 +69,9 @@ CASES = {
     "slu_top_only": ([5, 9, 6, 3], 2, [StepSettings(update_mask=(False, False, True))]),
     "slu_nothing": ([5, 4, 3], 2, [StepSettings(update_mask=(False, False))]),
     "ssprop_topk": ([6, 10, 7], 3, [StepSettings(keep_q8=100)] * 2),
+    # one sample: the score pass issues a channel every cycle, so its pipeline's last-channel
+    # test must not fire on the channel before the last
+    "ssprop_topk_batch1": ([6, 10, 7], 1, [StepSettings(keep_q8=100)] * 2),
     "ssprop_random": ([6, 10, 7], 3, [StepSettings(keep_q8=60, ssprop_random=True,
                                                    lfsr_seed=0xACE1)] * 2),
     "psg_abs": ([7, 6, 5], 4, [StepSettings(psg=True, psg_tau=3, psg_step_shift=5)] * 2),

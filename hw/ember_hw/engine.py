@@ -680,20 +680,27 @@ class EngineCore(wiring.Component):
             # ---------------- inference: argmax of the logits per sample
             best = Signal(signed(16))
             best_n = Signal(WIDTH)
+            # the scalar readers of the gradient memory (inference, ssProp scores) register the
+            # lane they read (g_pick) before using it
+            g_pick = Signal(signed(16))
+            s2_first = Signal()
+            s2_index = Signal(WIDTH)
             with m.State("INF_ROW"):
-                m.d.sync += [n.eq(0), s1_valid.eq(0), best_n.eq(0)]
+                m.d.sync += [n.eq(0), s1_valid.eq(0), s2_valid.eq(0), best_n.eq(0)]
                 m.next = "INF_RUN"
             with m.State("INF_RUN"):
+                # stage 0: read logit n; stage 1: its lane into g_pick; stage 2: compare
                 m.d.comb += [g_rd.addr.eq(g_row + (n >> LOGP)), count("grad_reads", n < N)]
                 m.d.sync += [s1_valid.eq(n < N), s1_last.eq(n == N - 1),
                              p.eq(n[:LOGP] if LOGP else 0)]
                 with m.If(n < N):
                     m.d.sync += n.eq(n + 1)
-                z = Array(g_lane)[p]
-                with m.If(s1_valid):
-                    with m.If((n == 1) | (z > best)):   # n == 1: the first value arrives
-                        m.d.sync += [best.eq(z), best_n.eq(n - 1)]
-                    with m.If(s1_last):
+                m.d.sync += [g_pick.eq(Array(g_lane)[p]), s2_valid.eq(s1_valid),
+                             s2_last.eq(s1_last), s2_first.eq(n == 1), s2_index.eq(n - 1)]
+                with m.If(s2_valid):
+                    with m.If(s2_first | (g_pick > best)):
+                        m.d.sync += [best.eq(g_pick), best_n.eq(s2_index)]
+                    with m.If(s2_last):
                         m.next = "INF_WRITE"
             with m.State("INF_WRITE"):
                 m.d.comb += [p_wr.addr.eq(b), p_wr.data.eq(best_n), p_wr.en.eq(1)]
@@ -778,7 +785,7 @@ class EngineCore(wiring.Component):
                     ssprop = mul.product
                     m.d.comb += count("skip_ssprop", Mux(do_wgrad & do_igrad, ssprop << 1,
                                                          Mux(do_wgrad | do_igrad, ssprop, 0)))
-                    m.d.sync += [n.eq(0), b.eq(0), score.eq(0), s1_valid.eq(0),
+                    m.d.sync += [n.eq(0), b.eq(0), score.eq(0), s1_valid.eq(0), s2_valid.eq(0),
                                  g_row.eq(gbase)]
                     with m.If(~(do_wgrad | do_igrad)):
                         m.next = "BWD_NEXT"
@@ -802,16 +809,18 @@ class EngineCore(wiring.Component):
                             m.d.sync += [b.eq(0), n.eq(n + 1), g_row.eq(gbase)]
                         with m.Else():
                             m.d.sync += [b.eq(b + 1), g_row.eq(g_row + nb)]
-                    g = Array(g_lane)[p]
-                    mag = Mux(g < 0, -g, g)
-                    with m.If(s1_valid):
-                        with m.If(s1_last):
-                            m.d.comb += [sel.score_we.eq(1), sel.score_index.eq(n - 1),
+                    # stage 1: the lane into g_pick; stage 2: add its magnitude
+                    m.d.sync += [g_pick.eq(Array(g_lane)[p]), s2_valid.eq(s1_valid),
+                                 s2_last.eq(s1_last), s2_index.eq(n - 1)]
+                    mag = Mux(g_pick < 0, -g_pick, g_pick)
+                    with m.If(s2_valid):
+                        with m.If(s2_last):
+                            m.d.comb += [sel.score_we.eq(1), sel.score_index.eq(s2_index),
                                          sel.score_data.eq(score + mag)]
                             m.d.sync += score.eq(0)
                         with m.Else():
                             m.d.sync += score.eq(score + mag)
-                    with m.If((n == N) & s1_valid & s1_last):
+                    with m.If(s2_valid & s2_last & (s2_index == N - 1)):
                         m.next = "SELECT"
                 with m.State("SELECT"):
                     m.d.comb += [sel.start.eq(1), sel.channels.eq(N), sel.keep.eq(keep)]
