@@ -518,7 +518,6 @@ class EngineCore(wiring.Component):
         u_shift_down = Signal()             # u_src[i] <- u_src[i + 1]: the head lane was taken
         lanes_on = Signal(P)                # kept lanes of the current block
         s1_lanes = Signal(P)
-        s2_lanes = Signal(P)
 
         # one rounding shifter, shared by the three units that requantize and never run at
         # the same time: the forward writeback (W_LANE), the dX requantizer (REQ_RUN) and the
@@ -541,7 +540,6 @@ class EngineCore(wiring.Component):
         keep = Signal(WIDTH)
         batch_k = Signal(BATCH + WIDTH)     # batch * K of the current layer
         do_wgrad, do_igrad = Signal(), Signal()
-        relu_live = Signal()
         live_count = Signal(BATCH)          # PSG: live samples of the low pass of (j, k)
         psg_max = Signal(PRED)
         # the threshold of PSG_DECIDE, set in WG_K; no |prediction| exceeds 2**(PRED-1),
