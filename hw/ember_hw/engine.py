@@ -39,6 +39,7 @@ from ember import spec
 
 from .bus import BusSignature
 from .counters import CounterFile
+from .lanemem import LaneMemory
 from .loss import SoftmaxGradUnit
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
@@ -132,7 +133,9 @@ class EngineCore(wiring.Component):
         # ---------------------------------------------------------------- memories
         m.submodules.wmem = wmem = self.wmem
         m.submodules.amem = amem = Memory(shape=unsigned(8), depth=bld.act_bytes, init=[])
-        m.submodules.gmem = gmem = Memory(shape=unsigned(P * 16), depth=bld.grad_words, init=[])
+        # banked per lane (ember_hw.lanemem), like the weights: each lane's entries in memory
+        # of its own
+        m.submodules.gmem = gmem = LaneMemory(P, bld.grad_words, 16)
         m.submodules.smem = smem = Memory(shape=signed(spec.DX_BITS),
                                           depth=max(1, bld.scratch_entries), init=[])
         m.submodules.lmem = lmem = Memory(shape=unsigned(16), depth=bld.max_batch, init=[])
@@ -151,7 +154,7 @@ class EngineCore(wiring.Component):
             k_rd, k_wr = kmem.read_port(), kmem.write_port()
         w_rd, w_wr = wmem.rd, wmem.wr
         a_rd, a_wr = amem.read_port(), amem.write_port()
-        g_rd, g_wr = gmem.read_port(), gmem.write_port(granularity=16)
+        g_rd, g_wr = gmem.rd, gmem.wr
         s_rd, s_wr = smem.read_port(), smem.write_port()
         l_rd, l_wr = lmem.read_port(), lmem.write_port()
         p_rd, p_wr = pmem.read_port(), pmem.write_port()
@@ -880,19 +883,25 @@ class EngineCore(wiring.Component):
             s1b_sidx = Signal.like(sidx)
             s2_relu = Signal()
             s2_sidx = Signal.like(sidx)
+            # stage 2t: the lanes' sum, registered (the P-way adder tree is one stage, the
+            # accumulation into dX the next)
+            s2t_valid, s2t_last, s2t_relu = Signal(), Signal(), Signal()
+            s2t_sidx = Signal.like(sidx)
+            s2t_sum = Signal(signed(DACC))
             s3_valid = Signal()
             s3_dx = Signal(signed(spec.DX_BITS))
             ig_pipe = Signal()                  # IG_RUN or IG_DRAIN: stages 1 to 3 run
             with m.State("IG_A"):
                 m.d.comb += a_rd.addr.eq(abase)
                 m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), s1b_valid.eq(0),
-                             s2_valid.eq(0), s3_valid.eq(0), sidx.eq(0), w_row.eq(wbase),
+                             s2_valid.eq(0), s2t_valid.eq(0), s3_valid.eq(0), sidx.eq(0),
+                             w_row.eq(wbase),
                              g_row.eq(gbase)]
                 m.next = "IG_RUN"
             with m.State("IG_DRAIN"):
                 m.d.comb += ig_pipe.eq(1)
                 m.d.sync += s1_valid.eq(0)
-                with m.If(~s1_valid & ~s1b_valid & ~s2_valid & ~s3_valid):
+                with m.If(~s1_valid & ~s1b_valid & ~s2_valid & ~s2t_valid & ~s3_valid):
                     m.next = "REQ_START"
             with m.State("IG_RUN"):
                 m.d.comb += ig_pipe.eq(1)
@@ -1158,15 +1167,18 @@ class EngineCore(wiring.Component):
                 m.d.comb += [count("mac_input_grad", popcount(kept1)),
                              count("weight_reads", popcount(kept1)),
                              count("grad_lane_reads", popcount(kept1))]
-            # stage 2: sum into dX; written at the last slot of its (b, k)
+            # stage 2: the sum of the lanes' products
+            m.d.sync += [s2t_valid.eq(s2_valid), s2t_last.eq(s2_last), s2t_relu.eq(s2_relu),
+                         s2t_sidx.eq(s2_sidx), s2t_sum.eq(tree_sum(prod_r))]
+            # stage 2t: sum into dX; written at the last slot of its (b, k)
             total = Signal(signed(DACC), name="dx_total")
-            m.d.comb += total.eq(dx_acc + tree_sum(prod_r))
+            m.d.comb += total.eq(dx_acc + s2t_sum)
             dx = Signal(signed(spec.DX_BITS), name="dx")
-            m.d.comb += dx.eq(Mux(s2_relu, clamp_signed(total, spec.DX_BITS), 0))
-            m.d.sync += [s3_valid.eq(s2_valid & s2_last), s3_dx.eq(dx)]
-            with m.If(s2_valid):
-                with m.If(s2_last):
-                    m.d.comb += [s_wr.addr.eq(s2_sidx), s_wr.data.eq(dx),
+            m.d.comb += dx.eq(Mux(s2t_relu, clamp_signed(total, spec.DX_BITS), 0))
+            m.d.sync += [s3_valid.eq(s2t_valid & s2t_last), s3_dx.eq(dx)]
+            with m.If(s2t_valid):
+                with m.If(s2t_last):
+                    m.d.comb += [s_wr.addr.eq(s2t_sidx), s_wr.data.eq(dx),
                                  s_wr.en.eq(1), count("grad_writes")]
                     m.d.sync += dx_acc.eq(0)
                 with m.Else():

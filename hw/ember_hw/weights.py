@@ -8,9 +8,10 @@ memory. In SPRAM the build holds 4 lanes x 16384 words (64 K weights) and no wei
 RAM. `WeightMemory` therefore has two implementations behind one interface, chosen by one flag
 (``spec.Build.weight_spram``):
 
-- the portable path, ``spram=False``: an ``amaranth.lib.memory.Memory`` with one read port
-  and one write port of 16-bit granularity. The Amaranth simulator, Verilator, Icarus and the
-  ECP5 (block RAM) all take it.
+- the portable path, ``spram=False``: a lane-banked memory (``ember_hw.lanemem.LaneMemory``:
+  one ``amaranth.lib.memory.Memory`` of 16 bits per lane behind one read port and one write
+  port of 16-bit granularity). The Amaranth simulator, Verilator, Icarus and the ECP5 (block
+  RAM) all take it.
 - the SPRAM path, ``spram=True``: one ``SB_SPRAM256KA`` per lane, as an ``Instance``. A SPRAM
   is 16 bits wide, exactly one lane, so there is one lane per SPRAM and P lanes take P SPRAMs:
   on the UP5K (four SPRAMs) P <= 4, depth <= 16384 (``spec.SPRAM_BLOCKS``,
@@ -47,11 +48,13 @@ that lane; the portable path's read port is enabled by ``rd.en`` as well.
 
 from amaranth import ClockSignal, Const, Instance, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory, ReadPort, WritePort
+from amaranth.lib.memory import ReadPort, WritePort
 from amaranth.lib.wiring import Out
 from amaranth.utils import ceil_log2
 
 from ember import spec
+
+from .lanemem import LaneMemory
 
 LANE_BITS = spec.WEIGHT_BITS
 #: SB_SPRAM256KA's address width (16384 words).
@@ -88,12 +91,9 @@ class WeightMemory(wiring.Component):
             m.d.sync += self.conflict.eq(1)
 
         if not self.spram:
-            m.submodules.mem = mem = Memory(shape=unsigned(self.lanes * LANE_BITS),
-                                            depth=self.depth, init=[])
-            r = mem.read_port(transparent_for=())
-            w = mem.write_port(granularity=LANE_BITS)
-            m.d.comb += [r.addr.eq(rd.addr), r.en.eq(rd.en), rd.data.eq(r.data),
-                         w.addr.eq(wr.addr), w.data.eq(wr.data), w.en.eq(wr.en)]
+            m.submodules.mem = mem = LaneMemory(self.lanes, self.depth, LANE_BITS)
+            m.d.comb += [mem.rd.addr.eq(rd.addr), mem.rd.en.eq(rd.en), rd.data.eq(mem.rd.data),
+                         mem.wr.addr.eq(wr.addr), mem.wr.data.eq(wr.data), mem.wr.en.eq(wr.en)]
             return m
 
         # one address for all lanes: the write address in a cycle that writes any lane
