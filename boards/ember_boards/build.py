@@ -26,6 +26,7 @@ Whatever happens, ``<out>/report.json`` is written:
                     used, available, percent, and nextpnr's name for the resource
     utilization_nextpnr  every resource nextpnr reports, as it names them
     synthesis_cells cell counts after Yosys synthesis (top level, flattened)
+    floorplan       (ULX3S) the DSP site fixed for each lane's multiplier
     bitstream       path of the .bin (iCE40) or .bit (ECP5), null if none was made
     tool_versions, build_seconds, stage (done / synthesis / place_and_route / pack), errors
 
@@ -220,12 +221,12 @@ def _tool_versions(board_info):
 # --------------------------------------------------------------------------- the build
 
 def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=None,
-          router="router1", placer_density=None):
+          router="router1", placer_density=None, placer="heap"):
     """Build `board` into `out_dir` with the engine build `engine_build` (a spec.BUILDS name;
     default the board's own), with only the optional units in `features` if given (names
-    from spec.FEATURES), nextpnr's `router` and, if given, the heap placer's maximum placement
-    density `placer_density` (nextpnr's --placer-heap-beta, default 0.9; lower spreads the
-    cells, which relieves routing congestion). Returns (report dict, list of problems; empty if
+    from spec.FEATURES), nextpnr's `placer` and `router` and, if given, the heap placer's
+    maximum placement density `placer_density` (nextpnr's --placer-heap-beta, default 0.9;
+    lower spreads the cells, which relieves routing congestion). Returns (report dict, list of problems; empty if
     all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
@@ -242,8 +243,8 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
             (out_dir / stale).unlink(missing_ok=True)
 
     report = {
-        "board": board, "build": bld.name, "features": list(bld.features), "router": router,
-        "placer_density": placer_density,
+        "board": board, "build": bld.name, "features": list(bld.features), "placer": placer,
+        "router": router, "placer_density": placer_density,
         "device": plat.device,
         "package": plat.package,
         "lanes": bld.lanes, "target_mhz": round(top.clock_hz / 1e6, 6),
@@ -267,12 +268,16 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
 
     overrides = {
         "nextpnr_opts": (f"--seed {seed} --report {NEXTPNR_REPORT} --timing-allow-fail "
-                         f"--router {router}" +
+                         f"--placer {placer} --router {router}" +
                          (f" --placer-heap-beta {placer_density}" if placer_density else "")),
         "debug_verilog": False,
     }
     if board_info["synth_opts"]:
         overrides["synth_opts"] = board_info["synth_opts"]
+    floorplan = getattr(mod, "floorplan_script", None)
+    if floorplan is not None:
+        overrides["script_after_synth"] = "\n".join(floorplan(bld.lanes))
+        report["floorplan"] = {"lane_multipliers": mod.lane_multiplier_sites(bld.lanes)}
 
     start = time.monotonic()
     failed = None
@@ -378,6 +383,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--router", choices=("router1", "router2"), default="router1",
                         help="nextpnr's router (router2 is faster on large ECP5 designs)")
+    parser.add_argument("--placer", choices=("heap", "static", "sa"), default="heap",
+                        help="nextpnr's placer (static spreads large ECP5 designs more evenly)")
     parser.add_argument("--placer-density", type=float,
                         help="nextpnr heap placer's maximum placement density (0..1, nextpnr's "
                              "default 0.9); lower spreads the design to relieve congestion")
@@ -396,7 +403,8 @@ def main(argv=None):
     features = None if args.features is None else [f for f in args.features.split(",") if f]
     report, problems = build(args.board, out, seed=args.seed, engine_build=args.engine_build,
                              run_tools=not args.report_only, features=features,
-                             router=args.router, placer_density=args.placer_density)
+                             router=args.router, placer_density=args.placer_density,
+                             placer=args.placer)
     fmax = "n/a" if report["fmax_mhz"] is None else f"{report['fmax_mhz']:.2f} MHz"
     print(f"{args.board}: stage {report['stage']}, fits {report['fits']}, fmax {fmax} "
           f"(target {report['target_mhz']:g} MHz), {report['build_seconds']} s; "
