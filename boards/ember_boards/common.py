@@ -25,8 +25,8 @@ from ember import spec
 from ember_hw.top import EngineUartTop
 from ember_hw.uart import uart_divisor
 
-__all__ = ["RESET_HOLD_SECONDS", "engine_domain", "hold_cycles_for", "engine_on_uart",
-           "output_pin"]
+__all__ = ["ENGINE_CORE_CELLS", "RESET_HOLD_SECONDS", "engine_domain", "hold_cycles_for",
+           "engine_on_uart", "output_pin"]
 
 #: Time the engine stays in reset after the PLL locks (5x the iCE40 BRAM start-up time).
 RESET_HOLD_SECONDS = 15e-6
@@ -64,6 +64,12 @@ def output_pin(m: Module, platform, name, number=0):
     port = platform.request(name, number, dir="-")
     m.submodules[f"pin_{name}_{number}"] = buf = io.Buffer("o", port)
     return buf.o
+
+
+#: Where the engine core sits in a board top's hierarchy (``engine_on_uart``'s "engine", then
+#: EngineUartTop's "top", then EngineTop's "core"): the prefix of the names Yosys gives the
+#: core's cells once the design is flattened (a floorplan names cells with it).
+ENGINE_CORE_CELLS = "engine.top.core."
 
 
 def engine_on_uart(m: Module, platform, build: spec.Build, clk_hz, leds,

@@ -7,6 +7,15 @@ CLKI_DIV=1, CLKFB_DIV=4, CLKOP_DIV=6: 25 MHz x 4 = 100.000 MHz exactly, VCO 600 
 UART: the FTDI (FPGA pins M1 rx, L4 tx) at spec.DEFAULT_BAUD.
 LEDs: LED 0 busy, LED 1 link_busy, LED 7 heartbeat.
 
+Floorplan: each lane's multiplier is fixed to a DSP site (`lane_multiplier_sites`), the
+lanes in two rows of DSP blocks, in lane order along a snake (lane 15 next to lane 16, as the
+update unit's shift registers run from lane to lane). Left to itself, nextpnr's placer put 25
+of the 32 multipliers in one DSP row and each lane's logic spread over 40 to 70 columns; the
+tiles around that row were the most congested, and routing never converged (docs/boards.md).
+`floorplan_script` turns the sites into Yosys commands that the build runs after synthesis:
+they set the ``BEL`` attribute of each lane's MULT18X18D, which nextpnr obeys, and fail the
+build if a lane's multiplier is not exactly one cell of the expected name.
+
 `EmberULX3SPlatform` is ULX3S_85F_Platform without openFPGALoader among its required tools:
 amaranth-boards lists it even when nothing is programmed, and building a bitstream must not
 need a programmer installed. Programming (``make prog``) calls openFPGALoader itself, and the
@@ -19,10 +28,11 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from ember import spec
 
-from .common import engine_domain, engine_on_uart, hold_cycles_for, output_pin
+from .common import ENGINE_CORE_CELLS, engine_domain, engine_on_uart, hold_cycles_for, output_pin
 from .pll import ecp5_pll
 
-__all__ = ["BOARD", "EmberULX3SPlatform", "ULX3STop", "platform"]
+__all__ = ["BOARD", "EmberULX3SPlatform", "ULX3STop", "floorplan_script",
+           "lane_multiplier_sites", "platform"]
 
 BOARD = "ulx3s"
 #: The board oscillator (ULX3S platform's "clk25").
@@ -30,6 +40,38 @@ BOARD_CLOCK_HZ = 25_000_000
 CLOCK_RESOURCE = "clk25"
 #: The status LEDs: role (ember_boards.common.engine_on_uart) -> (resource, number).
 LEDS = {"busy": ("led", 0), "link_busy": ("led", 1), "heartbeat": ("led", 7)}
+
+
+#: The DSP rows (nextpnr's Y) and blocks (the X of a block's first column) the lanes'
+#: multipliers take: the LFE5U-85F has DSP rows at Y 10, 34 and 58, with its block RAM rows
+#: at Y 22, 46, 70 and 82 between them. A block holds four MULT18X18D, at X, X+1, X+4, X+5.
+MULTIPLIER_ROWS = (34, 58)
+MULTIPLIER_BLOCKS = (13, 22, 31, 40)
+_BLOCK_SITES = ((0, 0), (1, 1), (4, 4), (5, 5))     # (X offset, MULT18_n)
+
+
+def lane_multiplier_sites(lanes):
+    """The DSP site (a nextpnr BEL name) of each lane's multiplier, lane 0 first: along the
+    first row left to right, then back along the second."""
+    sites = []
+    for r, row in enumerate(MULTIPLIER_ROWS):
+        along = [f"X{x + dx}/Y{row}/MULT18_{n}" for x in MULTIPLIER_BLOCKS
+                 for dx, n in _BLOCK_SITES]
+        sites += along if r % 2 == 0 else along[::-1]
+    if lanes > len(sites):
+        raise ValueError(f"the ULX3S floorplan has {len(sites)} multiplier sites; "
+                         f"{lanes} lanes need one each")
+    return sites[:lanes]
+
+
+def floorplan_script(lanes):
+    """Yosys commands (run after synth_ecp5) that fix lane i's multiplier, the MULT18X18D
+    named after the lane's product signal ``prod<i>`` (ember_hw.engine), to its site."""
+    commands = []
+    for lane, site in enumerate(lane_multiplier_sites(lanes)):
+        cell = f"top/c:{ENGINE_CORE_CELLS}prod{lane}_MULT18X18D*"
+        commands += [f"select -assert-count 1 {cell}", f'setattr -set BEL "{site}" {cell}']
+    return commands
 
 
 class EmberULX3SPlatform(ULX3S_85F_Platform):

@@ -233,7 +233,7 @@ BUILDS = {
     # 20 MHz: what the sequencer's longest paths allow at 32 lanes with margin (placement
     # estimated 29.6 MHz; docs/boards.md). The aim is 100 MHz; the 4-lane build reaches
     # 51 MHz on the same part.
-    "ulx3s": Build(name="ulx3s", lanes=32, weight_words=2048, act_bytes=16384,
+    "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=20_000_000),
 }
