@@ -8,8 +8,8 @@ UART: the FTDI (FPGA pins M1 rx, L4 tx) at spec.DEFAULT_BAUD.
 LEDs: LED 0 busy, LED 1 link_busy, LED 7 heartbeat.
 
 Floorplan: each lane's multiplier is fixed to a DSP site (`lane_multiplier_sites`), the
-lanes in two rows of DSP blocks, in lane order along a snake (lane 15 next to lane 16, as the
-update unit's shift registers run from lane to lane). Left to itself, nextpnr's placer put 25
+lanes spread over up to three rows of DSP blocks, in lane order along a snake (the update
+unit's shift registers run from lane to lane). Left to itself, nextpnr's placer put 25
 of the 32 multipliers in one DSP row and each lane's logic spread over 40 to 70 columns; the
 tiles around that row were the most congested, and routing never converged (docs/boards.md).
 `floorplan_script` turns the sites into Yosys commands that the build runs after synthesis:
@@ -42,26 +42,35 @@ CLOCK_RESOURCE = "clk25"
 LEDS = {"busy": ("led", 0), "link_busy": ("led", 1), "heartbeat": ("led", 7)}
 
 
-#: The DSP rows (nextpnr's Y) and blocks (the X of a block's first column) the lanes'
-#: multipliers take: the LFE5U-85F has DSP rows at Y 10, 34 and 58, with its block RAM rows
-#: at Y 22, 46, 70 and 82 between them. A block holds four MULT18X18D, at X, X+1, X+4, X+5.
-MULTIPLIER_ROWS = (34, 58)
-MULTIPLIER_BLOCKS = (13, 22, 31, 40)
-_BLOCK_SITES = ((0, 0), (1, 1), (4, 4), (5, 5))     # (X offset, MULT18_n)
+#: The LFE5U-85F's DSP rows (nextpnr's Y; its block RAM rows are at Y 22, 46, 70 and 82, between
+#: them) and the DSP blocks the lanes use in each (the X of a block's first column; a block has
+#: MULT18X18D sites at X, X+1, X+4 and X+5). The floorplan takes two sites per block, X and
+#: X+4, and at most LANES_PER_ROW lanes per row, spread evenly over up to twice as many sites
+#: as the row has lanes: with lanes packed
+#: four to a block in two rows, routing converged for one placement and not for the next.
+MULTIPLIER_ROWS = (34, 58, 10)          # in the order rows are taken
+MULTIPLIER_BLOCKS = (4, 13, 22, 31, 40, 49, 58)
+_BLOCK_SITES = ((0, 0), (4, 4))         # (X offset, MULT18_n)
+LANES_PER_ROW = 11
 
 
 def lane_multiplier_sites(lanes):
-    """The DSP site (a nextpnr BEL name) of each lane's multiplier, lane 0 first: along the
-    first row left to right, then back along the second."""
+    """The DSP site (a nextpnr BEL name) of each lane's multiplier, lane 0 first: the lanes
+    split evenly over as few rows as LANES_PER_ROW allows, top row first, and run along the
+    rows as a snake (left to right, then right to left)."""
+    rows = sorted(MULTIPLIER_ROWS[:-(-lanes // LANES_PER_ROW)])
+    if lanes > LANES_PER_ROW * len(MULTIPLIER_ROWS):
+        raise ValueError(f"the ULX3S floorplan places at most "
+                         f"{LANES_PER_ROW * len(MULTIPLIER_ROWS)} lanes; {lanes} asked")
+    along = [(x + dx, n) for x in MULTIPLIER_BLOCKS for dx, n in _BLOCK_SITES]
     sites = []
-    for r, row in enumerate(MULTIPLIER_ROWS):
-        along = [f"X{x + dx}/Y{row}/MULT18_{n}" for x in MULTIPLIER_BLOCKS
-                 for dx, n in _BLOCK_SITES]
-        sites += along if r % 2 == 0 else along[::-1]
-    if lanes > len(sites):
-        raise ValueError(f"the ULX3S floorplan has {len(sites)} multiplier sites; "
-                         f"{lanes} lanes need one each")
-    return sites[:lanes]
+    for r, row in enumerate(rows):
+        count = lanes // len(rows) + (r < lanes % len(rows))
+        span = min(len(along), 2 * count)          # a few lanes stay close together
+        picks = [round(i * (span - 1) / max(1, count - 1)) for i in range(count)]
+        row_sites = [f"X{along[i][0]}/Y{row}/MULT18_{along[i][1]}" for i in picks]
+        sites += row_sites if r % 2 == 0 else row_sites[::-1]
+    return sites
 
 
 def floorplan_script(lanes):
