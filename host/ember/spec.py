@@ -225,14 +225,15 @@ BUILDS = {
                         grad_words=256, scratch_entries=512, max_batch=16, max_layers=4,
                         max_width=256, clock_hz=36_000_000, weight_spram=True),
     # a small build for fast RTL tests (Icarus included) and the CI bitstream of the ULX3S
-    # flow (tests/test_bitstream.py): it routes at 47 to 51 MHz on the ECP5-85F, so 40 MHz
+    # flow (tests/test_bitstream.py): it routes at 47 to 57 MHz on the ECP5-85F, so 40 MHz
     # leaves margin for other nextpnr versions
     "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
                   scratch_entries=256, max_batch=8, max_layers=4, max_width=64,
                   clock_hz=40_000_000),
-    # 20 MHz: what the sequencer's longest paths allow at 32 lanes with margin (placement
-    # estimated 29.6 MHz; docs/boards.md). The aim is 100 MHz; the 4-lane build reaches
-    # 51 MHz on the same part.
+    # 20 MHz: the 32-lane build routes at 33.7 MHz for this target, and at a 25 MHz target
+    # its timing-driven placement no longer routes (docs/boards.md). The aim is 100 MHz.
+    # 1024 weight words per lane (32 K weights; 784-32-10 needs 816 words) keep each lane's
+    # weights in one DP16KD.
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=20_000_000),
