@@ -29,6 +29,18 @@ from amaranth.lib.wiring import Out
 from amaranth.utils import ceil_log2
 
 
+def lane_ports(lanes, depth, lane_bits):
+    """The members ``rd`` and ``wr`` of a component with the ports of one memory of
+    ``lanes * lane_bits``-bit words, ``depth`` deep, written ``lane_bits`` at a time."""
+    shape = unsigned(lanes * lane_bits)
+    addr_width = ceil_log2(depth)
+    return {
+        "rd": Out(ReadPort.Signature(addr_width=addr_width, shape=shape)),
+        "wr": Out(WritePort.Signature(addr_width=addr_width, shape=shape,
+                                      granularity=lane_bits)),
+    }
+
+
 class LaneMemory(wiring.Component):
     """``lanes`` memories of ``depth`` x ``lane_bits`` behind the ports of one wide memory."""
 
@@ -37,13 +49,7 @@ class LaneMemory(wiring.Component):
             raise ValueError(f"a lane memory needs lanes, depth and lane_bits >= 1, not "
                              f"{lanes}, {depth}, {lane_bits}")
         self.lanes, self.depth, self.lane_bits = lanes, depth, lane_bits
-        shape = unsigned(lanes * lane_bits)
-        addr_width = ceil_log2(depth)
-        super().__init__({
-            "rd": Out(ReadPort.Signature(addr_width=addr_width, shape=shape)),
-            "wr": Out(WritePort.Signature(addr_width=addr_width, shape=shape,
-                                          granularity=lane_bits)),
-        })
+        super().__init__(lane_ports(lanes, depth, lane_bits))
 
     def elaborate(self, platform):
         m = Module()

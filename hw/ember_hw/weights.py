@@ -46,15 +46,13 @@ Power: the SPRAM path selects (CHIPSELECT) a lane's SPRAM only in cycles that re
 that lane; the portable path's read port is enabled by ``rd.en`` as well.
 """
 
-from amaranth import ClockSignal, Const, Instance, Module, Mux, Signal, unsigned
+from amaranth import ClockSignal, Const, Instance, Module, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.memory import ReadPort, WritePort
 from amaranth.lib.wiring import Out
-from amaranth.utils import ceil_log2
 
 from ember import spec
 
-from .lanemem import LaneMemory
+from .lanemem import LaneMemory, lane_ports
 
 LANE_BITS = spec.WEIGHT_BITS
 #: SB_SPRAM256KA's address width (16384 words).
@@ -73,14 +71,7 @@ class WeightMemory(wiring.Component):
             raise ValueError(f"the SPRAM path holds at most {spec.SPRAM_WORDS} words per lane "
                              f"(one SB_SPRAM256KA); depth {depth}")
         self.lanes, self.depth, self.spram = lanes, depth, spram
-        shape = unsigned(lanes * LANE_BITS)
-        addr_width = ceil_log2(depth)
-        super().__init__({
-            "rd": Out(ReadPort.Signature(addr_width=addr_width, shape=shape)),
-            "wr": Out(WritePort.Signature(addr_width=addr_width, shape=shape,
-                                          granularity=LANE_BITS)),
-            "conflict": Out(1),
-        })
+        super().__init__({**lane_ports(lanes, depth, LANE_BITS), "conflict": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
