@@ -232,8 +232,8 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
     maximum placement density `placer_density` (nextpnr's --placer-heap-beta, default 0.9;
     lower spreads the cells, which relieves routing congestion); `router` and `placer_density`
     default to the board's own (BOARDS). `clock_mhz`, if given, replaces the engine build's
-    clock (the PLL's target) to see whether a faster clock meets timing. Returns (report dict, list of problems; empty if
-    all is well).
+    clock (the PLL's target) to see whether a faster clock meets timing. Returns (report
+    dict, list of problems; empty if all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
     bld = spec.BUILDS[engine_build or board]

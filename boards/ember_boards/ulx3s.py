@@ -46,8 +46,8 @@ LEDS = {"busy": ("led", 0), "link_busy": ("led", 1), "heartbeat": ("led", 7)}
 #: them) and the DSP blocks the lanes use in each (the X of a block's first column; a block has
 #: MULT18X18D sites at X, X+1, X+4 and X+5). The floorplan takes two sites per block, X and
 #: X+4, and at most LANES_PER_ROW lanes per row, spread evenly over up to twice as many sites
-#: as the row has lanes: with lanes packed
-#: four to a block in two rows, routing converged for one placement and not for the next.
+#: as the row has lanes: with lanes packed four to a block in two rows, routing converged for
+#: one placement and not for the next.
 MULTIPLIER_ROWS = (34, 58, 10)          # in the order rows are taken
 MULTIPLIER_BLOCKS = (4, 13, 22, 31, 40, 49, 58)
 _BLOCK_SITES = ((0, 0), (4, 4))         # (X offset, MULT18_n)
