@@ -175,6 +175,15 @@ class EngineCore(wiring.Component):
         psg_step = Signal(4)
         keep_q8 = Signal(9, init=spec.KEEP_ONE)
         lfsr_seed = Signal(16, init=1)
+        # a build without an optional unit has no registers for its settings: they read as
+        # their reset value, and writes to them are answered and dropped (the host writes
+        # every setting with each batch, whatever the build)
+        if not has_psg:
+            psg_tau, psg_step = Const(0, len(psg_tau)), Const(0, len(psg_step))
+        if not has_ssprop:
+            keep_q8 = Const(spec.KEEP_ONE, len(keep_q8))
+        if not has_random:
+            lfsr_seed = Const(1, len(lfsr_seed))
         zero_skip_reg, psg_on, psg_rel, ss_random = (flags[i] for i in range(4))
         off = Const(0, 1)
         if not has_psg:
@@ -267,7 +276,8 @@ class EngineCore(wiring.Component):
                 with m.If(busy):
                     m.d.comb += err("busy")
                 with m.Else():
-                    m.d.sync += sig.eq(bus.w_data)
+                    if not isinstance(sig, Const):      # (a setting the build leaves out)
+                        m.d.sync += sig.eq(bus.w_data)
                     if sets_limit:
                         m.d.sync += limit_start.eq(1)
                     m.d.comb += ack()
@@ -484,7 +494,6 @@ class EngineCore(wiring.Component):
         op_b = [Signal(signed(16), name=f"op_b{i}", reset_less=True) for i in range(P)]
         prod = [Signal(signed(32), name=f"prod{i}") for i in range(P)]
         for i in range(P):
-            m.d.sync += [op_a[i].eq(mul_a[i]), op_b[i].eq(mul_b[i])]
             m.d.comb += prod[i].eq(op_a[i] * op_b[i])
         w_lane = [w_rd.data.word_select(i, W).as_signed() for i in range(P)]
         g_lane = [g_rd.data.word_select(i, 16).as_signed() for i in range(P)]
@@ -510,8 +519,6 @@ class EngineCore(wiring.Component):
         m3_gate = Signal(P)
         m.d.sync += [m3_valid.eq(m2_valid), m3_last.eq(m2_last), m3_gate.eq(m2_gate)]
         ig_keep = Signal(P)                 # input gradient: the lanes whose products count
-        ig_keep_r = Signal(P)               # ... a cycle later, with the registered operands
-        ig_pipe_r = Signal()
         s2_act = Signal(8)
         # the lanes' registers are stepped in one place (end of elaborate) by these strobes
         acc_clear = Signal()                # accumulators to 0
@@ -878,15 +885,14 @@ class EngineCore(wiring.Component):
             sidx = Signal(range(bld.scratch_entries + 1))       # b*K + k of the current slot
             relu_cur = Signal()
             s1_relu, s1_live = Signal(), Signal()
-            s1_sidx = Signal.like(sidx)
             s1b_valid, s1b_last, s1b_relu = Signal(), Signal(), Signal()
-            s1b_sidx = Signal.like(sidx)
             s2_relu = Signal()
-            s2_sidx = Signal.like(sidx)
             # stage 2t: the lanes' sum, registered (the P-way adder tree is one stage, the
             # accumulation into dX the next)
             s2t_valid, s2t_last, s2t_relu = Signal(), Signal(), Signal()
-            s2t_sidx = Signal.like(sidx)
+            # dX entries are written in order, one per (b, k): the write index counts them
+            # (rather than b*K + k travelling down the pipeline with each slot)
+            dx_wr_idx = Signal.like(sidx)
             s2t_sum = Signal(signed(DACC))
             s3_valid = Signal()
             s3_dx = Signal(signed(spec.DX_BITS))
@@ -895,6 +901,7 @@ class EngineCore(wiring.Component):
                 m.d.comb += a_rd.addr.eq(abase)
                 m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), s1b_valid.eq(0),
                              s2_valid.eq(0), s2t_valid.eq(0), s3_valid.eq(0), sidx.eq(0),
+                             dx_wr_idx.eq(0),
                              w_row.eq(wbase),
                              g_row.eq(gbase)]
                 m.next = "IG_RUN"
@@ -922,7 +929,7 @@ class EngineCore(wiring.Component):
                 # memories (docs/boards.md, the ULX3S critical path)
                 m.d.comb += [w_rd.addr.eq(w_row + k), g_rd.addr.eq(g_row + j)]
                 m.d.sync += [s1_valid.eq(1), s1_last.eq(last_slot), s1_live.eq(live_now),
-                             s1_relu.eq(relu_now), s1_sidx.eq(sidx),
+                             s1_relu.eq(relu_now),
                              s1_lanes.eq(kept_dense)]
                 with m.If(last_slot):
                     m.d.sync += [j.eq(0), sidx.eq(sidx + 1), w_row.eq(wbase)]
@@ -946,33 +953,31 @@ class EngineCore(wiring.Component):
                              ridx.eq(0), s1_valid.eq(0), s2_valid.eq(0), g_row.eq(gbase_below)]
                 m.next = "REQ_RUN"
             with m.State("REQ_RUN"):
-                # stage 0: read scratch entry ridx = b*K + k; stage 1: into the shifter's
-                # input; stage 2: round and shift it; stage 3: saturate and write dY_below
-                issue = b < batch
+                # stage 0: read scratch entry ridx = b*K + k (all batch*K of them, in order);
+                # stage 1: into the shifter's input; stage 2: round and shift it; stage 3:
+                # saturate and write dY_below at (b, k), which step with the writes
+                issue = ridx < batch_k
                 m.d.comb += [s_rd.addr.eq(ridx), count("grad_reads", issue)]
-                s1_g_row, s2_g_row, s3_g_row = (Signal.like(g_row) for _ in range(3))
-                s1_k, s2_k, s3_k = (Signal.like(k) for _ in range(3))
                 req_s3_valid = Signal()
-                m.d.sync += [s1_valid.eq(issue), s1_g_row.eq(g_row), s1_k.eq(k),
-                             s2_valid.eq(s1_valid), s2_g_row.eq(s1_g_row), s2_k.eq(s1_k),
-                             req_s3_valid.eq(s2_valid), s3_g_row.eq(s2_g_row), s3_k.eq(s2_k)]
-                nb_below = (K + P - 1) >> LOGP      # blocks of the layer below (N below = K)
+                m.d.sync += [s1_valid.eq(issue), s2_valid.eq(s1_valid),
+                             req_s3_valid.eq(s2_valid)]
                 with m.If(issue):
                     m.d.sync += ridx.eq(ridx + 1)
-                    with m.If(k + 1 < K):
-                        m.d.sync += k.eq(k + 1)
-                    with m.Else():
-                        m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb_below)]
                 req_v = Signal(signed(spec.DX_BITS + 1))
                 m.d.comb += rq_take_dx.eq(1)
                 m.d.sync += req_v.eq(rq_out)
                 dy16 = clamp_signed(req_v, 16)           # gradients are symmetric: no -32768
                 dy = Mux(dy16 == -32768, -32767, dy16)
+                nb_below = (K + P - 1) >> LOGP      # blocks of the layer below (N below = K)
                 with m.If(req_s3_valid):
-                    m.d.comb += [g_wr.addr.eq(s3_g_row + (s3_k >> LOGP)),
+                    m.d.comb += [g_wr.addr.eq(g_row + (k >> LOGP)),
                                  g_wr_value.eq(dy), g_wr_on.eq(1),
-                                 g_wr_lane.eq(s3_k[:LOGP]), count("grad_writes")]
-                with m.If(~s1_valid & ~s2_valid & ~req_s3_valid & (b == batch)):
+                                 g_wr_lane.eq(k[:LOGP]), count("grad_writes")]
+                    with m.If(k + 1 < K):
+                        m.d.sync += k.eq(k + 1)
+                    with m.Else():
+                        m.d.sync += [k.eq(0), b.eq(b + 1), g_row.eq(g_row + nb_below)]
+                with m.If(b == batch):
                     m.next = "WG_START"
 
             # ---------------- weight gradient and update, per block j and input k
@@ -1163,16 +1168,16 @@ class EngineCore(wiring.Component):
             m.d.comb += ig_keep.eq(Mux(s1_valid & s1_live, kept1, 0))
             # stage 1b: the operands are registered; stage 2 has their products in prod_r
             m.d.sync += [s1b_valid.eq(s1_valid), s1b_last.eq(s1_last),
-                         s1b_relu.eq(s1_relu), s1b_sidx.eq(s1_sidx)]
+                         s1b_relu.eq(s1_relu)]
             m.d.sync += [s2_valid.eq(s1b_valid), s2_last.eq(s1b_last),
-                         s2_relu.eq(s1b_relu), s2_sidx.eq(s1b_sidx)]
+                         s2_relu.eq(s1b_relu)]
             with m.If(s1_valid & s1_live):
                 m.d.comb += [count("mac_input_grad", popcount(kept1)),
                              count("weight_reads", popcount(kept1)),
                              count("grad_lane_reads", popcount(kept1))]
             # stage 2: the sum of the lanes' products
             m.d.sync += [s2t_valid.eq(s2_valid), s2t_last.eq(s2_last), s2t_relu.eq(s2_relu),
-                         s2t_sidx.eq(s2_sidx), s2t_sum.eq(tree_sum(prod_r))]
+                         s2t_sum.eq(tree_sum(prod_r))]
             # stage 2t: sum into dX; written at the last slot of its (b, k)
             total = Signal(signed(DACC), name="dx_total")
             m.d.comb += total.eq(dx_acc + s2t_sum)
@@ -1181,9 +1186,9 @@ class EngineCore(wiring.Component):
             m.d.sync += [s3_valid.eq(s2t_valid & s2t_last), s3_dx.eq(dx)]
             with m.If(s2t_valid):
                 with m.If(s2t_last):
-                    m.d.comb += [s_wr.addr.eq(s2t_sidx), s_wr.data.eq(dx),
+                    m.d.comb += [s_wr.addr.eq(dx_wr_idx), s_wr.data.eq(dx),
                                  s_wr.en.eq(1), count("grad_writes")]
-                    m.d.sync += dx_acc.eq(0)
+                    m.d.sync += [dx_acc.eq(0), dx_wr_idx.eq(dx_wr_idx + 1)]
                 with m.Else():
                     m.d.sync += dx_acc.eq(total)
             # stage 3: the largest |dX| of the batch sets its scale (REQ_START)
@@ -1292,11 +1297,17 @@ class EngineCore(wiring.Component):
             m.d.sync += [rq_value.eq(u_src[0]), rq_shift.eq(rq_head_shift)]
 
         # ---------------------------------------------------------------- lane registers
-        # every phase registers the lanes' products; the input-gradient pass zeroes the lanes
-        # that do not count, so that its adder tree sums all P
-        m.d.sync += [ig_keep_r.eq(ig_keep), ig_pipe_r.eq(ig_pipe)]
+        # every phase registers the lanes' operands and products. The input-gradient pass
+        # zeroes the operand of each lane whose product does not count (ig_keep), so that its
+        # adder tree sums all P products: zeroing the operand register (a synchronous reset)
+        # rather than the product leaves the product register plain, and Yosys then packs
+        # the operand and product registers into the iCE40's SB_MAC16
         for i in range(P):
-            m.d.sync += prod_r[i].eq(Mux(ig_pipe_r & ~ig_keep_r[i], 0, prod[i]))
+            m.d.sync += [op_a[i].eq(mul_a[i]), prod_r[i].eq(prod[i])]
+            with m.If(ig_pipe & ~ig_keep[i]):
+                m.d.sync += op_b[i].eq(0)
+            with m.Else():
+                m.d.sync += op_b[i].eq(mul_b[i])
         with m.If(u_word_load):
             m.d.sync += u_word.eq(w_rd.data)
         with m.Elif(u_word_shift):

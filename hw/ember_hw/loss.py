@@ -142,18 +142,18 @@ class SoftmaxGradUnit(wiring.Component):
         second_pass = Signal()       # passes 1 and 2 share one run of reads
         last_read = read_index == classes - 1
 
-        # Tags of the reads in flight, one per pipeline stage.
+        # Tags of the reads in flight, one per pipeline stage. Only pass 1 needs a read's
+        # index with it (stage 1, the argmax); pass 3 writes its gradients in index order, so
+        # they count their own index (grad_index).
         issue_pass = Signal(_Pass)
         s1_pass, s2_pass, s3_pass, s4_pass = (Signal(_Pass, name=f"s{i}_pass")
                                               for i in (1, 2, 3, 4))
-        s1_index, s2_index, s3_index, s4_index = (Signal(index, name=f"s{i}_index")
-                                                  for i in (1, 2, 3, 4))
+        s1_index = Signal(index)
+        grad_index = Signal(index)
         m.d.comb += self.rd_en.eq(issue_pass != _Pass.NONE), self.rd_addr.eq(read_index)
         m.d.sync += [
             s1_pass.eq(issue_pass), s1_index.eq(read_index),
-            s2_pass.eq(s1_pass), s2_index.eq(s1_index),
-            s3_pass.eq(s2_pass), s3_index.eq(s2_index),
-            s4_pass.eq(s3_pass), s4_index.eq(s3_index),
+            s2_pass.eq(s1_pass), s3_pass.eq(s2_pass), s4_pass.eq(s3_pass),
         ]
 
         # Stage 1: the logit arrives. Pass 1 keeps the first maximum; it is registered for
@@ -191,11 +191,13 @@ class SoftmaxGradUnit(wiring.Component):
         grad = Signal(signed(GRAD_BITS + 1))
         m.d.comb += [
             prob.eq((exp2 * recip + (1 << (PROB_SHIFT - 1))) >> PROB_SHIFT),
-            grad.eq(prob - Mux(s4_index == label, 1 << OUT_GRAD_FRAC_BITS, 0)),
+            grad.eq(prob - Mux(grad_index == label, 1 << OUT_GRAD_FRAC_BITS, 0)),
         ]
+        with m.If(s4_pass == _Pass.GRAD):
+            m.d.sync += grad_index.eq(grad_index + 1)
         m.d.sync += [
             self.wr_en.eq(s4_pass == _Pass.GRAD),
-            self.wr_addr.eq(s4_index),
+            self.wr_addr.eq(grad_index),
             self.wr_data.eq(Mux(grad > GRAD_LIMIT, GRAD_LIMIT,
                                 Mux(grad < -GRAD_LIMIT, -GRAD_LIMIT, grad))),
         ]
@@ -221,6 +223,7 @@ class SoftmaxGradUnit(wiring.Component):
                         classes.eq(self.classes),
                         label.eq(self.label),
                         read_index.eq(0),
+                        grad_index.eq(0),
                         second_pass.eq(0),
                         exp_sum.eq(0),
                         remainder.eq(DIVIDER_START),
