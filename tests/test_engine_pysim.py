@@ -37,9 +37,11 @@ def check_against_golden(layers, batch, steps, seed=0, build=SMALL, infer=False,
         result["counters"] = await s.counters()
         # the weight memory may be single-ported (SPRAM): never a read and a write in one cycle
         result["weight_conflict"] = ctx.get(dut.wmem.conflict)
+        result["read_collision"] = ctx.get(dut.read_collision)
 
     run_testbench(dut, body)
     assert result["weight_conflict"] == 0, "the engine read and wrote weights in one cycle"
+    assert result["read_collision"] == 0, "the engine used a read of a word written in its cycle"
     correct = [g.train_batch(x, y, st) for x, y, st in batches]
     pred = g.infer(batches[0][0]) if infer else None
     for l, (a, b) in enumerate(zip(result["weights"], g.weights)):

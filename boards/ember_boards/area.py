@@ -5,9 +5,10 @@ in minutes instead of a full place and route.
                                 [--json out.json]
 
 Converts ``EngineCore(spec.BUILDS[build])`` to RTLIL, runs ``synth_ice40 -dsp`` (or
-``synth_ecp5``) on YoWASP Yosys and prints the cell counts of the flattened design (SB_LUT4,
-SB_CARRY, SB_DFF*, SB_MAC16, SB_RAM40_4K, SB_SPRAM256KA; or LUT4, CCU2C, TRELLIS_FF,
-MULT18X18D, DP16KD). docs/boards.md quotes these figures.
+``synth_ecp5``) on YoWASP Yosys, after the board builds' ``common.read_collision_script``, and
+prints the cell counts of the flattened design (SB_LUT4, SB_CARRY, SB_DFF*, SB_MAC16,
+SB_RAM40_4K, SB_SPRAM256KA; or LUT4, CCU2C, TRELLIS_FF, MULT18X18D, DP16KD). docs/boards.md
+quotes these figures.
 """
 
 import argparse
@@ -23,6 +24,7 @@ from pathlib import Path
 from ember import spec
 
 from .build import _yosys_cells, _yowasp_environment
+from .common import read_collision_script
 
 FAMILIES = {"ice40": "synth_ice40 -dsp -top top", "ecp5": "synth_ecp5 -top top"}
 DEFAULT_FAMILY = {"icebreaker": "ice40", "tiny": "ice40", "ulx3s": "ecp5", "sim": "ecp5"}
@@ -41,7 +43,8 @@ def synthesize(build, family):
     with tempfile.TemporaryDirectory(dir=Path.cwd(), prefix=".area-") as tmp:
         tmp = Path(tmp).relative_to(Path.cwd())
         (tmp / "core.il").write_text(core_rtlil(build))
-        script = f"read_rtlil {tmp / 'core.il'}; {FAMILIES[family]}; stat"
+        script = "; ".join([f"read_rtlil {tmp / 'core.il'}", *read_collision_script(),
+                            FAMILIES[family], "stat"])
         out = subprocess.run([os.environ["YOSYS"], "-q", "-l", str(tmp / "yosys.log"),
                               "-p", script], capture_output=True, text=True)
         log = (tmp / "yosys.log").read_text() if (tmp / "yosys.log").exists() else ""

@@ -49,6 +49,8 @@ from pathlib import Path
 
 from ember import spec
 
+from .common import read_collision_script
+
 __all__ = ["BOARDS", "main", "parse_nextpnr_log", "summarize_report"]
 
 #: Amaranth's tool variable -> the YoWASP executable it must run.
@@ -284,6 +286,7 @@ def build(board, out_dir, seed=1, engine_build=None, run_tools=True, features=No
     }
     if board_info["synth_opts"]:
         overrides["synth_opts"] = board_info["synth_opts"]
+    overrides["script_after_read"] = "\n".join(read_collision_script())
     floorplan = getattr(mod, "floorplan_script", None)
     if floorplan is not None:
         overrides["script_after_synth"] = "\n".join(floorplan(bld.lanes))

@@ -22,11 +22,12 @@ from amaranth.lib import io
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 
 from ember import spec
+from ember_hw.counters import COUNTER_MEMORY
 from ember_hw.top import EngineUartTop
 from ember_hw.uart import uart_divisor
 
 __all__ = ["ENGINE_CORE_CELLS", "RESET_HOLD_SECONDS", "engine_domain", "hold_cycles_for",
-           "engine_on_uart", "output_pin"]
+           "engine_on_uart", "output_pin", "read_collision_script"]
 
 #: Time the engine stays in reset after the PLL locks (5x the iCE40 BRAM start-up time).
 RESET_HOLD_SECONDS = 15e-6
@@ -107,3 +108,22 @@ def engine_on_uart(m: Module, platform, build: spec.Build, clk_hz, leds,
             m.d.sync += stretch.eq(stretch - 1)
         m.d.comb += leds[name].eq(source | (stretch != 0))
     return engine
+
+
+def read_collision_script():
+    """Yosys commands, to run right after the design is read, that let the read port of each
+    of the design's memories return any value for a word written in the same cycle.
+
+    Amaranth's read ports are "read first" (not transparent): a read of the word being written
+    returns the old word. The block RAMs of neither FPGA promise that for a read and a write on
+    different ports, so Yosys builds it from logic: a register of the written data and address
+    and a comparator and multiplexer on the read data, for every memory (about 280 logic cells
+    of the iCEBreaker build, 5 % of the UP5K). Ember never uses a read of a word written in the
+    same cycle (ember_hw.engine, "Memory collisions"; the simulation tests check it), so the
+    read ports are marked as such (Yosys's COLLISION_X_MASK, which Amaranth does not expose)
+    and map onto the block RAMs as they are.
+
+    The counters' memory is left alone: its write port is on the falling edge (ember_hw.counters),
+    so a read and a write never share a clock edge and Yosys needs no collision logic for it.
+    """
+    return [f"setparam -set COLLISION_X_MASK 1 t:$memrd_v2 r:MEMID=\\{COUNTER_MEMORY} %d"]

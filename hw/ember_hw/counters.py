@@ -59,6 +59,9 @@ from amaranth.lib.wiring import In, Out
 
 from ember import spec
 
+#: The name of the counters' memory (ember_boards.common.read_collision_script names it).
+COUNTER_MEMORY = "words"
+
 
 def _width(n):
     return max(1, int(n).bit_length())
@@ -107,7 +110,7 @@ class CounterFile(wiring.Component):
         m = Module()
         C = len(self.names)
         ZERO = C                        # the word that is never written
-        m.submodules.words = words = Memory(shape=self.width, depth=C + 1, init=[])
+        m.submodules[COUNTER_MEMORY] = words = Memory(shape=self.width, depth=C + 1, init=[])
         rd = words.read_port()
         # the write port takes the falling clock edge (see the module docstring)
         m.domains.write = write = ClockDomain(clk_edge="neg", local=True, reset_less=True)

@@ -107,11 +107,16 @@ class EngineCore(wiring.Component):
       busy:    Out(1) -- a command is running.
 
     Attribute ``wmem``: the weight memory (ember_hw.weights; SPRAM if build.weight_spram).
+    Attribute ``read_collision``: a sticky flag for simulations, set by a cycle in which a
+    command reads a memory word (a gradient memory lane) that the same cycle writes and uses
+    what it read ("Memory collisions" below); nothing reads it on a board, where it is
+    optimized away.
     """
 
     def __init__(self, build=spec.DEFAULT_BUILD):
         self.build = build
         self.wmem = WeightMemory(build.lanes, build.weight_words, spram=build.weight_spram)
+        self.read_collision = Signal()
         super().__init__({
             "bus": In(BusSignature()),
             "link_rx": In(1),
@@ -190,11 +195,21 @@ class EngineCore(wiring.Component):
             psg_on = psg_rel = off
         if not has_random:
             ss_random = off
-        d_inputs = Array(Signal(WIDTH, name=f"l{i}_inputs") for i in range(L))
-        d_outputs = Array(Signal(WIDTH, name=f"l{i}_outputs") for i in range(L))
-        d_wbase = Array(Signal(_bits(bld.weight_words), name=f"l{i}_wbase") for i in range(L))
-        d_abase = Array(Signal(_bits(bld.act_bytes), name=f"l{i}_abase") for i in range(L + 1))
-        d_shift = Array(Signal(5, name=f"l{i}_shift") for i in range(L))
+        # the layer descriptors: field f of layer l (spec.LAYER_FIELDS) in word
+        # l * LAYER_STRIDE + f of a small memory, at its field's width (a bus write keeps the
+        # low bits, as a register would). The sequencer loads the current layer's into
+        # registers (K, N, wbase, abase, shift, and next_abase: layer l + 1's act_base) each
+        # time it moves to another layer (DESC_FWD, DESC_BWD). Layer L's words are never
+        # written (always 0). Layer 0's input count is also kept in a register (inputs0), a
+        # factor of the input batch's size.
+        field_bits = {"inputs": WIDTH, "outputs": WIDTH,
+                      "weight_base": _bits(bld.weight_words), "act_base": _bits(bld.act_bytes),
+                      "shift": 5}
+        assert tuple(field_bits) == spec.LAYER_FIELDS
+        m.submodules.dmem = dmem = Memory(shape=unsigned(max(field_bits.values())),
+                                          depth=(L + 1) * spec.LAYER_STRIDE, init=[])
+        d_rd, d_wr = dmem.read_port(), dmem.write_port()
+        inputs0 = Signal(WIDTH)
         correct = Signal(BATCH)
         label = Signal(16)
 
@@ -206,7 +221,7 @@ class EngineCore(wiring.Component):
         m.submodules.mul = mul = SerialMultiplier(max(BATCH + WIDTH, len(keep_q8)), WIDTH)
         limit_start = Signal()
         m.d.sync += limit_start.eq(0)
-        m.d.comb += [mul.start.eq(limit_start), mul.a.eq(batch), mul.b.eq(d_inputs[0])]
+        m.d.comb += [mul.start.eq(limit_start), mul.a.eq(batch), mul.b.eq(inputs0)]
 
         # ---------------------------------------------------------------- counters
         # the largest amount each counter can take in one cycle sizes its pre-counter
@@ -257,8 +272,35 @@ class EngineCore(wiring.Component):
         rw_regs = {"batch": batch, "layers": n_layers, "update_mask": update_mask,
                    "lr_shift": lr_shift, "flags": flags, "psg_tau": psg_tau,
                    "psg_step_shift": psg_step, "keep_q8": keep_q8, "lfsr_seed": lfsr_seed}
-        fields = {"inputs": d_inputs, "outputs": d_outputs, "weight_base": d_wbase,
-                  "act_base": d_abase, "shift": d_shift}
+        # a descriptor access: word and field from the register offset, the value masked to
+        # the field's width
+        d_field = reg_off[:(spec.LAYER_STRIDE - 1).bit_length()]
+        d_mask = Array(Const((1 << field_bits[f]) - 1, len(d_wr.data))
+                       for f in spec.LAYER_FIELDS)[d_field]
+        m.d.comb += [d_wr.addr.eq(reg_off - spec.LAYER_BASE),
+                     d_wr.data.eq(bus.w_data & d_mask)]
+        desc_loading = Signal()             # the sequencer has the read port (DESC_*)
+        bus_d_addr = Signal.like(d_rd.addr)
+        m.d.comb += bus_d_addr.eq(reg_off - spec.LAYER_BASE)
+
+        def descriptor(l, fname):
+            """A layer descriptor field: written only while no command runs; a read waits
+            for the sequencer's descriptor loads and takes a cycle."""
+            with m.If(wr):
+                with m.If(busy):
+                    m.d.comb += err("busy")
+                with m.Else():
+                    m.d.comb += [d_wr.en.eq(1), ack()]
+                    if (l, fname) == (0, "inputs"):
+                        m.d.sync += [inputs0.eq(bus.w_data), limit_start.eq(1)]
+            with m.Else():
+                with m.Switch(bus_phase):
+                    with m.Case(0):
+                        with m.If(~desc_loading):
+                            m.d.sync += bus_phase.eq(1)
+                    with m.Default():
+                        m.d.comb += ack(d_rd.data)
+                        m.d.sync += bus_phase.eq(0)
 
         def ack(data=None):
             stmts = [bus.ack.eq(1)]
@@ -342,7 +384,7 @@ class EngineCore(wiring.Component):
                             for l in range(L):
                                 for f, fname in enumerate(spec.LAYER_FIELDS):
                                     with m.Case(spec.LAYER_BASE + l * spec.LAYER_STRIDE + f):
-                                        setting(fields[fname][l], (l, fname) == (0, "inputs"))
+                                        descriptor(l, fname)
                             with m.Default():
                                 m.d.comb += err("out_of_range")
                     with m.Elif(bus.addr[12:spec.REGION_BITS] == 1):
@@ -452,19 +494,21 @@ class EngineCore(wiring.Component):
         k = Signal(WIDTH)
         n = Signal(WIDTH)
         p = Signal(range(P + 1))
-        K = Signal(WIDTH)
-        N = Signal(WIDTH)
+        # layer l's descriptor, loaded from dmem (DESC_FWD, DESC_BWD)
+        K = Signal(field_bits["inputs"])
+        N = Signal(field_bits["outputs"])
+        wbase = Signal(field_bits["weight_base"])
+        abase = Signal(field_bits["act_base"])
+        shift = Signal(field_bits["shift"])
+        next_abase = Signal(field_bits["act_base"])
+        desc_regs = [K, N, wbase, abase, shift, next_abase]     # in the order they load
+        desc_step = Signal(range(len(desc_regs) + 1))
         nb = Signal(WIDTH)                  # blocks of the current layer
-        wbase = Signal.like(d_wbase[0])
-        abase = Signal.like(d_abase[0])
-        next_abase = Signal.like(d_abase[0])
-        shift = Signal(5)
         last_layer = Signal()
-        m.d.comb += [
-            K.eq(d_inputs[l]), N.eq(d_outputs[l]), wbase.eq(d_wbase[l]), abase.eq(d_abase[l]),
-            next_abase.eq(d_abase[l + 1]), shift.eq(d_shift[l]),
-            nb.eq((N + P - 1) >> LOGP), last_layer.eq(l == n_layers - 1),
-        ]
+        m.d.comb += [nb.eq((N + P - 1) >> LOGP), last_layer.eq(l == n_layers - 1)]
+        # the read port: the bus's when no load runs
+        with m.If(~desc_loading):
+            m.d.comb += d_rd.addr.eq(bus_d_addr)
         half = bld.grad_words // 2
         cur_half = Signal()                 # which half of gmem holds the current dY
         gbase = Signal(_bits(bld.grad_words))
@@ -475,9 +519,9 @@ class EngineCore(wiring.Component):
 
         # running pointers, stepped by addition as the loops advance (no products of two
         # signals outside the MAC lanes); each phase sets them up and steps them in its order
-        a_row = Signal.like(d_abase[0])     # act address of (b, k=0) of the current layer's input
-        o_row = Signal.like(d_abase[0])     # forward: act address of (b, 0) of its output
-        w_row = Signal.like(d_wbase[0])     # weight word of (j, k=0)
+        a_row = Signal.like(abase)          # act address of (b, k=0) of the current layer's input
+        o_row = Signal.like(abase)          # forward: act address of (b, 0) of its output
+        w_row = Signal.like(wbase)          # weight word of (j, k=0)
         g_row = Signal(_bits(bld.grad_words))   # gradient word of (b, j=0) (REQ: the half below)
 
         # lane datapath
@@ -565,9 +609,8 @@ class EngineCore(wiring.Component):
         u_busy = Signal()
         u_src = [Signal(signed(LACC), name=f"u_src{i}", reset_less=True) for i in range(P)]
         u_lanes = Signal(P)
-        u_addr = Signal.like(d_wbase[0])
+        u_addr = Signal.like(wbase)
         u_shift = Signal(6)
-        u_changed = Signal(P)
         u_skip = Signal(P)                  # PSG: confident lanes (their full MACs skipped)
         u_live = Signal(BATCH)              # PSG: live samples of the low pass
         up = Signal(range(P + 1))
@@ -575,7 +618,7 @@ class EngineCore(wiring.Component):
         wb_busy, wb_last = Signal(), Signal()
         wb_shift = Signal(5)
         wb_lanes = Signal(P)
-        wb_act = Signal.like(d_abase[0])
+        wb_act = Signal.like(abase)
         wb_word = Signal(_bits(bld.grad_words))
         wp = Signal(range(P + 1))
         score = Signal(32)
@@ -603,7 +646,25 @@ class EngineCore(wiring.Component):
                                  j.eq(0), correct.eq(0), correction.eq(0), cur_half.eq(0)]
                     if has_random:
                         m.d.comb += [lfsr.load.eq(1), lfsr.seed.eq(lfsr_seed)]
-                    m.next = "FWD_LAYER"
+                    m.next = "DESC_FWD"
+
+            # ---------------- layer l's descriptor into K, N, ...: one read a cycle
+            def load_descriptor(then):
+                m.d.comb += desc_loading.eq(1)
+                fields = [l * spec.LAYER_STRIDE + f for f in range(len(spec.LAYER_FIELDS))]
+                fields.append((l + 1) * spec.LAYER_STRIDE + spec.LAYER_FIELDS.index("act_base"))
+                m.d.comb += d_rd.addr.eq(Array(fields)[desc_step])
+                with m.Switch(desc_step):
+                    for i, reg in enumerate(desc_regs):
+                        with m.Case(i + 1):
+                            m.d.sync += reg.eq(d_rd.data)
+                m.d.sync += desc_step.eq(desc_step + 1)
+                with m.If(desc_step == len(desc_regs)):
+                    m.d.sync += desc_step.eq(0)
+                    m.next = then
+
+            with m.State("DESC_FWD"):
+                load_descriptor("FWD_LAYER")
 
             # ---------------- forward: for l, for b, for j: acc = W[j] . A[b]; write back
             # (layer by layer over the batch, so that the row pointers step by the layer's
@@ -669,7 +730,7 @@ class EngineCore(wiring.Component):
                         m.next = "FWD_ROW"
                     with m.Elif(~last_layer):
                         m.d.sync += [j.eq(0), b.eq(0), l.eq(l + 1)]
-                        m.next = "FWD_LAYER"
+                        m.next = "DESC_FWD"
                     with m.Else():
                         m.d.sync += b.eq(0)
                         m.next = "FWD_END"
@@ -791,8 +852,10 @@ class EngineCore(wiring.Component):
                 # batch*(N-keep)*K MACs that ssProp skips in each pass that runs
                 with m.If(mul.done):
                     ssprop = mul.product
-                    m.d.comb += count("skip_ssprop", Mux(do_wgrad & do_igrad, ssprop << 1,
-                                                         Mux(do_wgrad | do_igrad, ssprop, 0)))
+                    if has_ssprop:          # (without ssProp the product is 0)
+                        m.d.comb += count("skip_ssprop",
+                                          Mux(do_wgrad & do_igrad, ssprop << 1,
+                                              Mux(do_wgrad | do_igrad, ssprop, 0)))
                     m.d.sync += [n.eq(0), b.eq(0), score.eq(0), s1_valid.eq(0), s2_valid.eq(0),
                                  g_row.eq(gbase)]
                     with m.If(~(do_wgrad | do_igrad)):
@@ -1155,7 +1218,9 @@ class EngineCore(wiring.Component):
                     m.next = "IDLE"
                 with m.Else():
                     m.d.sync += l.eq(l - 1)
-                    m.next = "BWD_LAYER"
+                    m.next = "DESC_BWD"
+            with m.State("DESC_BWD"):
+                load_descriptor("BWD_LAYER")
 
         # stages 1 to 3 of the input-gradient pipeline (IG_RUN issues, IG_DRAIN empties it)
         with m.If(ig_pipe):
@@ -1238,20 +1303,28 @@ class EngineCore(wiring.Component):
         # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), one lane per
         # cycle through one shared shifter; only changed lanes are written. Stage A takes the
         # head lane of u_src and of the weight word (both shift down a lane per cycle), stage
-        # B rounds and shifts the gradient (or takes the PSG step), stage C subtracts,
-        # saturates and shifts the new weight into u_new.
+        # B rounds and shifts the gradient (or takes the PSG step), stage C subtracts and
+        # saturates, and stage D writes the new weight into its lane if it changed (the weight
+        # memory is written a lane at a time; nothing reads it while the update unit runs).
         ua_old, ub_old = Signal(signed(W)), Signal(signed(W))
         ua_on, ub_on = Signal(), Signal()
         ub_valid, uc_valid = Signal(), Signal()
         ub_delta = Signal(signed(LACC + 2))
-        u_new = Signal(P * W, reset_less=True)
+        uc_lane = Signal(range(P))          # the lane in stage C
+        ud_write = Signal()                 # stage D: write ud_value into lane ud_lane
+        ud_value = Signal(W, reset_less=True)
+        ud_lane = Signal(range(P))
+        m.d.sync += ud_write.eq(0)
+        with m.If(ud_write):
+            m.d.comb += [w_wr.addr.eq(u_addr), w_wr.data.eq(ud_value.replicate(P)),
+                         w_wr.en.eq(Const(1, P) << ud_lane), count("weight_writes")]
         with m.FSM(name="update") as ufsm:
             with m.State("U_IDLE"):
                 with m.If(u_busy):
                     m.next = "U_READ"
             with m.State("U_READ"):
                 m.d.comb += [w_rd.addr.eq(u_addr), count("weight_reads", popcount(u_lanes))]
-                m.d.sync += [up.eq(0), ub_valid.eq(0), uc_valid.eq(0)]
+                m.d.sync += [up.eq(0), ub_valid.eq(0), uc_valid.eq(0), uc_lane.eq(0)]
                 m.next = "U_LATCH"
             with m.State("U_LATCH"):
                 m.d.comb += u_word_load.eq(1)
@@ -1280,13 +1353,12 @@ class EngineCore(wiring.Component):
                 newsat = clamp_signed(new, 16)
                 changed = ub_on & (newsat != ub_old)
                 with m.If(uc_valid):
-                    m.d.sync += [u_new.eq(Cat(u_new[W:], Mux(changed, newsat[:W], ub_old))),
-                                 u_changed.eq(Cat(u_changed[1:], changed))]
+                    m.d.sync += [ud_write.eq(changed), ud_value.eq(newsat[:W]),
+                                 ud_lane.eq(uc_lane), uc_lane.eq(uc_lane + 1)]
                 with m.If((up == P) & ~ub_valid):
                     m.next = "U_WRITE"
             with m.State("U_WRITE"):
-                m.d.comb += [w_wr.addr.eq(u_addr), w_wr.data.eq(u_new), w_wr.en.eq(u_changed),
-                             count("weight_writes", popcount(u_changed))]
+                # stage D of the last lane
                 m.d.sync += u_busy.eq(0)
                 m.next = "U_IDLE"
 
@@ -1327,13 +1399,14 @@ class EngineCore(wiring.Component):
         # (without it the data is unspecified). The weight memory may be single-ported (SPRAM,
         # ember_hw.weights), so no such cycle may write weights, and none does:
         # - weights are written only by a bus write while idle (a command answers bus
-        #   accesses to memory with `busy`) and by the update unit in U_WRITE;
+        #   accesses to memory with `busy`) and by the update unit's stage D, in U_LANE and
+        #   U_WRITE;
         # - they are read by the bus while idle (a read, never in a cycle with a write: one bus
         #   access at a time), by FWD_RUN and IG_RUN, and by the update unit in U_READ;
         # - the update unit runs only between the weight-gradient phase's first UPD_HANDOFF and
         #   WG_WAIT, which waits for it to finish; no state in between reads weights (WG_*,
-        #   PSG_* and UPD_HANDOFF read activations, dY and the kept mask), and U_READ and
-        #   U_WRITE are different states of its FSM. FWD_RUN and IG_RUN come only after it
+        #   PSG_* and UPD_HANDOFF read activations, dY and the kept mask), and U_READ comes
+        #   before its FSM's first write (stage D of the first lane). FWD_RUN and IG_RUN come only after it
         #   (next layer, next command), and the bus only once the command has finished.
         # WeightMemory.conflict records any cycle with both; the simulation tests check it.
         m.d.comb += w_rd.en.eq(Mux(busy, fsm.ongoing("FWD_RUN") | fsm.ongoing("IG_RUN") |
@@ -1341,11 +1414,11 @@ class EngineCore(wiring.Component):
 
         # cycle counters: every busy cycle, and each phase by the states it runs in
         phases = {
-            "cycles_forward": ("FWD_LAYER", "FWD_ROW", "FWD_RUN", "FWD_HANDOFF", "FWD_END",
+            "cycles_forward": ("DESC_FWD", "FWD_LAYER", "FWD_ROW", "FWD_RUN", "FWD_HANDOFF", "FWD_END",
                                "AFTER_FWD",
                                "INF_ROW", "INF_RUN", "INF_WRITE"),
             "cycles_loss": ("LOSS_START", "LOSS_GO", "LOSS_GO2", "LOSS_RUN"),
-            "cycles_select": ("BWD_LAYER", "BWD_KEEP", "BWD_BK", "BWD_BNK", "BWD_LAYER2",
+            "cycles_select": ("DESC_BWD", "BWD_LAYER", "BWD_KEEP", "BWD_BK", "BWD_BNK", "BWD_LAYER2",
                               "SCORE_TOPK", "SCORE_RANDOM",
                               "SELECT", "SELECT_WAIT", "PACK", "BWD_NEXT"),
             "cycles_input_grad": ("IG_START", "IG_A", "IG_RUN", "IG_DRAIN",
@@ -1359,4 +1432,31 @@ class EngineCore(wiring.Component):
         for name, states in phases.items():
             states = [st for st in states if st in fsm.encoding]     # units left out
             m.d.comb += count(name, sum(fsm.ongoing(st) for st in states) != 0)
+
+        # ---------------------------------------------------------------- memory collisions
+        # No command uses what a memory read returns for a word written in the same cycle
+        # (the board builds let such reads return anything: ember_boards.common.
+        # read_collision_script). The states that read each memory, and use the data, are
+        # below; the forward pass reads layer l's inputs while the writeback unit writes its
+        # outputs, which lie elsewhere; the loss unit's pass 3 reads logit n while it writes
+        # the gradient of logit n - READ_TO_MULTIPLY - 1, which may share n's word but not its
+        # lane, and it uses only n's lane; the other readers run while nothing writes their
+        # memory. Idle, the bus reads only labels and predictions, never in the cycle it
+        # writes one. The weight memory checks itself (wmem.conflict).
+        def reading(*states):
+            return Cat(*(fsm.ongoing(st) for st in states if st in fsm.encoding)).any()
+        g_used = Signal(P)          # the lanes whose gradient-memory reads are used
+        with m.If(fsm.ongoing("LOSS_RUN")):
+            m.d.comb += g_used.eq(Const(1, P) << loss.rd_addr[:LOGP])
+        with m.Elif(reading("INF_RUN", "SCORE_TOPK", "IG_RUN", "WG_FULL", "WG_LOW")):
+            m.d.comb += g_used.eq((1 << P) - 1)
+        collisions = [(g_wr.en & g_used).any() & (g_rd.addr == g_wr.addr)]
+        readers = [(a_rd, a_wr, ("FWD_RUN", "IG_A", "IG_RUN", "WG_FULL", "WG_LOW")),
+                   (s_rd, s_wr, ("REQ_RUN",)), (l_rd, l_wr, ("LOSS_START",))]
+        if has_ssprop:
+            readers.append((k_rd, k_wr, ("IG_RUN", "WG_BLOCK")))
+        collisions += [reading(*states) & wr.en.any() & (rd.addr == wr.addr)
+                       for rd, wr, states in readers]
+        with m.If(Cat(*collisions).any()):
+            m.d.sync += self.read_collision.eq(1)
         return m
