@@ -54,7 +54,8 @@ class LinkBridge(wiring.Component):
       tx:       bytes to the host (stream); every frame is answered by one response frame,
                 which waits for ``ready`` byte by byte.
       bus:      the engine bus (ember_hw.bus.BusSignature), mastered one word at a time; the
-                strobe drops for at least one cycle between words.
+                strobe drops for at least one cycle between words. ``addr`` and ``w_data``
+                are meaningful only under a strobe (they are not zeroed in between).
       rx_bytes: one-cycle strobe per byte taken from ``rx`` (END and ESC included).
       tx_bytes: one-cycle strobe per byte sent on ``tx``.
       busy:     high from the first byte of a frame until its response has been sent.
@@ -127,6 +128,10 @@ class LinkBridge(wiring.Component):
 
         m.d.comb += [
             buffer_r.addr.eq(word_index),
+            # Address and write data need only be valid under a strobe (ember_hw.bus); driving
+            # them all the time saves a gate per bit.
+            self.bus.addr.eq(addr),
+            self.bus.w_data.eq(buffer_r.data),
             self.rx_bytes.eq(self.rx.valid & self.rx.ready),
             self.tx_bytes.eq(self.tx.valid & self.tx.ready),
         ]
@@ -234,8 +239,6 @@ class LinkBridge(wiring.Component):
 
             with m.State("BUS"):
                 m.d.comb += [
-                    self.bus.addr.eq(addr),
-                    self.bus.w_data.eq(buffer_r.data),
                     self.bus.w_stb.eq(is_write),
                     self.bus.r_stb.eq(~is_write),
                 ]
