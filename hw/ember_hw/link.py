@@ -92,7 +92,8 @@ class LinkBridge(wiring.Component):
         buffer_r = buffer.read_port()
 
         # Request header, captured as it arrives.
-        cmd = Signal(8)
+        is_read = Signal()                      # cmd is READ
+        is_write = Signal()                     # cmd is WRITE
         seq = Signal(8)
         addr = Signal(spec.BUS_ADDR_BITS)       # also the current word while executing
         count = Signal(8 * protocol.COUNT_BYTES)
@@ -115,16 +116,17 @@ class LinkBridge(wiring.Component):
         status = Signal(8)
         tail = Signal(range(3))
         response_field = Signal(range(_FIELD_DONE + 1))
-        out_byte = Signal(8)                    # unescaped byte being sent
+        # The delay line's older byte is idle while responding: it holds the unescaped byte
+        # being sent, so the CRC unit always reads the same byte.
+        out_byte = recent[:8]
 
-        is_write = cmd == write_cmd
-        known_cmd = (cmd == read_cmd) | is_write
+        known_cmd = is_read | is_write
         last_word = word_index + 1 == count
 
-        # One CRC unit: the receiver feeds it request bytes, LOAD response bytes.
-        crc_byte = Signal(8)
+        # One CRC unit over recent[:8]: the receiver feeds it request bytes leaving the delay
+        # line, SEND the response bytes (out_byte) as they go out.
         crc_next = Signal(16)
-        m.d.comb += crc_next.eq(crc16_update(crc, crc_byte))
+        m.d.comb += crc_next.eq(crc16_update(crc, recent[:8]))
 
         m.d.comb += [
             buffer_r.addr.eq(word_index),
@@ -188,13 +190,13 @@ class LinkBridge(wiring.Component):
                     with m.Else():
                         # The byte leaving the delay line is not part of the CRC field.
                         body = recent[:8]
-                        m.d.comb += crc_byte.eq(body)
                         m.d.sync += crc.eq(crc_next)
                         with m.If(header_index != header_bytes):
                             m.d.sync += header_index.eq(header_index + 1)
                             with m.Switch(header_index):
                                 with m.Case(0):
-                                    m.d.sync += cmd.eq(body)
+                                    m.d.sync += [is_read.eq(body == read_cmd),
+                                                 is_write.eq(body == write_cmd)]
                                 for k in range(protocol.ADDR_BYTES):
                                     with m.Case(2 + k):
                                         m.d.sync += addr.word_select(k, 8).eq(body)
@@ -308,9 +310,6 @@ class LinkBridge(wiring.Component):
                     m.next = "CLOSE"
                 with m.Else():
                     m.d.sync += out_byte.eq(field_byte)
-                    m.d.comb += crc_byte.eq(field_byte)
-                    with m.If(response_field < _FIELD_CRC_LO):
-                        m.d.sync += crc.eq(crc_next)
                     m.next = "SEND"
 
             with m.State("SEND"):
@@ -318,6 +317,10 @@ class LinkBridge(wiring.Component):
                 m.d.comb += [self.tx.valid.eq(1),
                              self.tx.payload.eq(Mux(special, protocol.ESC, out_byte))]
                 with m.If(self.tx.ready):
+                    # response_field is already the next field: the CRC covers out_byte unless
+                    # it is one of the CRC's own bytes.
+                    with m.If(response_field <= _FIELD_CRC_LO):
+                        m.d.sync += crc.eq(crc_next)
                     with m.If(special):
                         m.next = "SEND_ESCAPED"
                     with m.Else():
