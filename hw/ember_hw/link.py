@@ -96,7 +96,8 @@ class LinkBridge(wiring.Component):
         is_write = Signal()                     # cmd is WRITE
         seq = Signal(8)
         addr = Signal(spec.BUS_ADDR_BITS)       # also the current word while executing
-        count = Signal(8 * protocol.COUNT_BYTES)
+        count = Signal(range(max_words + 1))    # the count field's low bits...
+        count_over = Signal()                   # ...and whether any higher bit is set
 
         # Receive state.
         escaped = Signal()                      # the previous byte was ESC
@@ -201,8 +202,13 @@ class LinkBridge(wiring.Component):
                                     with m.Case(2 + k):
                                         m.d.sync += addr.word_select(k, 8).eq(body)
                                 for k in range(protocol.COUNT_BYTES):
+                                    kept = min(8, max(0, len(count) - 8 * k))
                                     with m.Case(2 + protocol.ADDR_BYTES + k):
-                                        m.d.sync += count.word_select(k, 8).eq(body)
+                                        if kept:
+                                            m.d.sync += count[8 * k:][:kept].eq(body)
+                                        if kept < 8:
+                                            m.d.sync += count_over.eq(
+                                                body[kept:] != 0)
                         with m.Elif(word_index == max_words):
                             m.d.sync += too_long.eq(1)      # discard until END
                         with m.Else():
@@ -218,7 +224,7 @@ class LinkBridge(wiring.Component):
 
             with m.State("CHECK"):
                 short = header_index != header_bytes
-                count_ok = (count != 0) & (count <= max_words)
+                count_ok = ~count_over & (count != 0) & (count <= max_words)
                 data_ok = (lane == 0) & Mux(is_write, word_index == count, word_index == 0)
                 m.d.sync += [word_index.eq(0), lane.eq(0)]
                 m.next = "OPEN"
