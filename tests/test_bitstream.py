@@ -1,11 +1,12 @@
-"""Real bitstreams from a fresh clone: the ULX3S flow (Amaranth platform, PLL, YoWASP Yosys,
-nextpnr-ecp5 and ecppack from PyPI) builds the board's own 32-lane engine (spec.BUILDS["ulx3s"],
-with its floorplan) and the 4-lane engine (spec.BUILDS["tiny"]) on the ECP5-85F, each with
-timing met at its PLL clock, and writes a report.json with every field docs/boards.md
-describes.
+"""Real bitstreams from a fresh clone, with the YoWASP tools from PyPI (Amaranth platform, PLL,
+Yosys, nextpnr, icepack/ecppack): the ULX3S flow builds the board's own 32-lane engine
+(spec.BUILDS["ulx3s"], with its floorplan) and the 4-lane engine (spec.BUILDS["tiny"]) on the
+ECP5-85F; the iCEBreaker flow builds the board's own engine (spec.BUILDS["icebreaker"]) on
+the iCE40UP5K. Each meets timing at its PLL clock and writes a report.json with every field
+docs/boards.md describes.
 
-The 32-lane build takes about 10 minutes of single-threaded place and route (docs/boards.md);
-the 4-lane one about 2.
+The 32-lane build takes about 8 minutes of single-threaded place and route (docs/boards.md),
+the 4-lane one about 2, the iCEBreaker about 1.
 """
 
 import json
@@ -46,5 +47,33 @@ def test_ulx3s_bitstream_meets_timing(monkeypatch, engine_build):
     assert len(sites) == len(set(sites)) == lanes
     bitstream = ROOT / report["bitstream"]
     assert bitstream.stat().st_size > 100_000          # an ECP5-85F bitstream
+    on_disk = json.loads((ROOT / out / "report.json").read_text())
+    assert on_disk["fmax_mhz"] == report["fmax_mhz"]
+
+
+@pytest.mark.bitstream
+def test_icebreaker_bitstream_fits_and_meets_timing(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = Path("build") / "test-icebreaker"
+    report, problems = board_build.build("icebreaker", out)
+    assert problems == [], problems
+    assert report["stage"] == "done", report["errors"]
+    assert report["fits"] is True and report["timing_met"] is True
+    assert report["fmax_mhz"] >= report["target_mhz"] > 0
+    build = spec.BUILDS["icebreaker"]
+    assert report["lanes"] == build.lanes and report["device"] == "iCE40UP5K"
+    assert report["features"] == list(build.features)
+    # the PLL makes the engine clock from the board's 12 MHz oscillator
+    assert report["pll"]["f_in_mhz"] == 12.0
+    assert abs(report["pll"]["f_out_mhz"] - report["target_mhz"]) < 1e-6
+    util = report["utilization"]
+    for resource in ("logic_cells", "dsp", "bram", "spram"):
+        entry = util[resource]
+        assert 0 < entry["used"] <= entry["available"]
+    # a multiplier per lane on the DSPs, and the weights in one SPRAM per lane
+    assert util["dsp"]["used"] >= build.lanes
+    assert util["spram"]["used"] == build.lanes
+    bitstream = ROOT / report["bitstream"]
+    assert bitstream.stat().st_size > 100_000          # an iCE40UP5K bitstream (104,090 bytes)
     on_disk = json.loads((ROOT / out / "report.json").read_text())
     assert on_disk["fmax_mhz"] == report["fmax_mhz"]

@@ -30,8 +30,8 @@ def ecp5_out(f_in, p):
 
 def test_ice40_pll_hits_the_icebreaker_target_exactly():
     cfg = ice40_pll(icebreaker.BOARD_CLOCK_HZ, spec.BUILDS["icebreaker"].clock_hz)
-    assert cfg.params == {"DIVR": 0, "DIVF": 47, "DIVQ": 4, "FILTER_RANGE": 1}
-    assert cfg.f_out_hz == spec.BUILDS["icebreaker"].clock_hz == 36_000_000
+    assert cfg.params == {"DIVR": 0, "DIVF": 47, "DIVQ": 5, "FILTER_RANGE": 1}
+    assert cfg.f_out_hz == spec.BUILDS["icebreaker"].clock_hz == 18_000_000
 
 
 def test_ecp5_pll_hits_the_ulx3s_target_exactly():
@@ -208,12 +208,15 @@ def test_build_report_names_the_units_built(tmp_path):
     """`--features` builds the board's engine with fewer optional units; report.json says
     which (report-only mode: no tool runs)."""
     from ember_boards import build as board_build
-    report, _ = board_build.build("icebreaker", tmp_path, run_tools=False,
+    report, _ = board_build.build("ulx3s", tmp_path, run_tools=False,
                                   features=["zero_skip", "slu"])
     assert report["features"] == ["zero_skip", "slu"]
-    assert report["build"] == "icebreaker" and report["lanes"] == 4
-    full, _ = board_build.build("icebreaker", tmp_path, run_tools=False)
+    assert report["build"] == "ulx3s" and report["lanes"] == 32
+    full, _ = board_build.build("ulx3s", tmp_path, run_tools=False)
     assert full["features"] == list(spec.FEATURES)
+    # the iCEBreaker's own build leaves out PSG and ssProp (the UP5K's size)
+    ice, _ = board_build.build("icebreaker", tmp_path, run_tools=False)
+    assert ice["features"] == ["zero_skip", "slu"] and ice["lanes"] == 2
 
 
 def test_implied_throughput_arithmetic():

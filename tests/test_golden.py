@@ -255,4 +255,4 @@ def test_network_too_big_names_the_limit():
                                           r"\(lanes=8\)"):
         spec.check_network([1024, 128, 10])
     with pytest.raises(ConfigError, match="activation bytes"):
-        spec.check_network([256, 64, 10], spec.BUILDS["icebreaker"], batch=16)
+        spec.check_network([64, 64, 64, 10], spec.BUILDS["icebreaker"], batch=16)

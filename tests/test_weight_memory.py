@@ -139,7 +139,7 @@ def test_spram_path_instantiates_one_spram_per_lane():
 
 def test_builds_select_spram():
     ice = spec.BUILDS["icebreaker"]
-    assert ice.weight_spram and ice.lanes == 4 and ice.weight_words == spec.SPRAM_WORDS
+    assert ice.weight_spram and ice.lanes == 2 and ice.weight_words == spec.SPRAM_WORDS
     assert not any(b.weight_spram for name, b in spec.BUILDS.items() if name != "icebreaker")
     with pytest.raises(ConfigError, match="lanes 8"):
         dataclasses.replace(ice, lanes=8)
@@ -153,8 +153,9 @@ def test_builds_select_spram():
 
 @pytest.mark.rtl
 def test_engine_with_spram_weights_matches_model():
-    """The iCEBreaker build (weights in four SB_SPRAM256KA) in Icarus through the simulated
-    board and the link protocol: weights, predictions and counters equal the model's."""
+    """The iCEBreaker build (weights in an SB_SPRAM256KA per lane) in Icarus through the
+    simulated board and the link protocol: weights, predictions and counters equal the
+    model's."""
     from ember.device import ModelDevice, open_device
     build = spec.BUILDS["icebreaker"]
     rng = np.random.default_rng(7)
@@ -162,7 +163,7 @@ def test_engine_with_spram_weights_matches_model():
     weights = golden.init_weights(layers, 3)
     steps = []
     for settings in (StepSettings(lr_shift=9, zero_skip=True),
-                     StepSettings(psg=True, psg_tau=2, keep_q8=128)):
+                     StepSettings(lr_shift=8, update_mask=(False, True))):
         x = rng.integers(0, 256, size=(5, layers[0]))
         x[rng.random(x.shape) < 0.4] = 0
         steps.append((x, rng.integers(0, layers[-1], size=5), settings))

@@ -216,14 +216,14 @@ class Build:
 
 BUILDS = {
     "sim": Build(),
-    # weights in the UP5K's four SPRAMs: 4 lanes x 16K words (64K weights), no weight block RAM
-    # Batches up to 16 keep the engine core in 21 of the UP5K's 30 block RAMs (measured with
-    # python -m ember_boards.area); 64-32-10 on digits needs 1,536 activation bytes, 256
-    # gradient words and 512 dX entries at batch 16.
-    # Four layer descriptors (networks up to 4 layers) save about 360 LUT4 of the UP5K's 5280.
-    "icebreaker": Build(name="icebreaker", lanes=4, weight_words=SPRAM_WORDS, act_bytes=2048,
-                        grad_words=256, scratch_entries=512, max_batch=16, max_layers=4,
-                        max_width=256, clock_hz=36_000_000, weight_spram=True),
+    # The UP5K's 5,280 logic cells set this build (docs/boards.md, "iCEBreaker"): two lanes
+    # with their weights in two SPRAMs (2 x 16K words, 32K weights), layers up to 64 wide and
+    # 3 deep, batches up to 16, and no PSG or ssProp units. 64-32-10 on digits needs 2,368
+    # weights, 1,536 activation bytes, 512 gradient words and 512 dX entries at batch 16.
+    "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS, act_bytes=2048,
+                        grad_words=512, scratch_entries=512, max_batch=16, max_layers=3,
+                        max_width=64, clock_hz=18_000_000, weight_spram=True,
+                        features=("zero_skip", "slu")),
     # a small build for fast RTL tests (Icarus included) and the CI bitstream of the ULX3S
     # flow (tests/test_bitstream.py): it routes at 47 to 57 MHz on the ECP5-85F, so 40 MHz
     # leaves margin for other nextpnr versions

@@ -61,9 +61,18 @@ def round_shift(value, shift, width):
     floor((value - neg + 2**(shift-1)) / 2**shift), because 2*value - neg and
     2*(value - neg) differ by one below an even number and so by no multiple of 2**shift;
     for shift 0 it is (2*value - neg + 1) >> 1 = value."""
+    return round_shift_finish(round_shift_twice(value) >> shift)
+
+
+def round_shift_twice(value):
+    """The first step of round_shift: 2*value - (value < 0), signed(len(value) + 1)."""
     value = value.as_signed()
-    twice = Cat(Const(0, 1), value).as_signed() - value[-1].as_unsigned()
-    return ((twice >> shift) + 1) >> 1
+    return Cat(Const(0, 1), value).as_signed() - value[-1].as_unsigned()
+
+
+def round_shift_finish(shifted):
+    """The last step of round_shift, from round_shift_twice(value) >> shift: plus one, halved."""
+    return (shifted + 1) >> 1
 
 
 def tree_sum(values):
@@ -235,7 +244,7 @@ class EngineCore(wiring.Component):
                       skip_psg=P * bld.max_batch, skip_slu=2 * bnk, skip_ssprop=2 * bnk)
         m.submodules.counters = counters = CounterFile(bounds)
         inc = {name: getattr(counters.inc, name) for name in spec.COUNTERS}
-        clear_counters = Signal()
+        clear_counters = Signal()           # (a registered strobe: see start_train)
         m.d.comb += [counters.clear.eq(clear_counters),
                      inc["link_rx_bytes"].eq(self.link_rx), inc["link_tx_bytes"].eq(self.link_tx)]
 
@@ -249,8 +258,11 @@ class EngineCore(wiring.Component):
         busy = Signal()
         infer_mode = Signal()
         m.d.comb += self.busy.eq(busy)
+        # a CONTROL write registers its strobes (one cycle each): the sequencer and the
+        # counters act on them in the next cycle
         start_train = Signal()
         start_infer = Signal()
+        m.d.sync += [start_train.eq(0), start_infer.eq(0), clear_counters.eq(0)]
         cmd_pending = Signal()
 
         # ---------------------------------------------------------------- bus slave
@@ -302,14 +314,22 @@ class EngineCore(wiring.Component):
                         m.d.comb += ack(d_rd.data)
                         m.d.sync += bus_phase.eq(0)
 
+        # the answer to an access is registered: decided in one cycle (answer_*), on the bus
+        # in the next, so that no path runs from the master's address through the decoding
+        # here and back into the master
+        answer_ack, answer_err = Signal(), Signal()
+        answer_data = Signal.like(bus.r_data)
+        m.d.sync += [bus.ack.eq(answer_ack), bus.err.eq(answer_err),
+                     bus.r_data.eq(answer_data)]
+
         def ack(data=None):
-            stmts = [bus.ack.eq(1)]
+            stmts = [answer_ack.eq(1)]
             if data is not None:
-                stmts.append(bus.r_data.eq(data))
+                stmts.append(answer_data.eq(data))
             return stmts
 
         def err(name):
-            return [bus.err.eq(1), bus.r_data.eq(code[name])]
+            return [answer_err.eq(1), answer_data.eq(code[name])]
 
         def setting(sig, sets_limit=False):
             """A read-write setting: written only while no command runs. `sets_limit`: a
@@ -326,9 +346,10 @@ class EngineCore(wiring.Component):
             with m.Else():
                 m.d.comb += ack(sig)
 
-        # the master drops its strobe in the cycle after an answer (bus contract)
+        # the master drops its strobe in the cycle after the answer (bus contract); the answer
+        # is on the bus a cycle after it is decided, and in that cycle the access is over
         active = Signal()
-        m.d.comb += active.eq(bus.w_stb | bus.r_stb)
+        m.d.comb += active.eq((bus.w_stb | bus.r_stb) & ~bus.ack & ~bus.err)
         wr = bus.w_stb
         # memory ports driven by the bus when idle (the sequencer owns them when busy)
         bus_w_addr = Signal.like(w_rd.addr)
@@ -362,13 +383,14 @@ class EngineCore(wiring.Component):
                                         # backend sees the same link traffic
                                         with m.If(wr):
                                             with m.If(cmd_pending):
-                                                with m.If(~busy):
+                                                with m.If(~busy & ~start_train &
+                                                          ~start_infer):
                                                     m.d.comb += ack()
                                                     m.d.sync += cmd_pending.eq(0)
                                             with m.Elif(busy):
                                                 m.d.comb += err("busy")
                                             with m.Else():
-                                                m.d.comb += [
+                                                m.d.sync += [
                                                     start_train.eq(bus.w_data[0]),
                                                     start_infer.eq(bus.w_data[1]),
                                                     clear_counters.eq(bus.w_data[2]),
@@ -503,9 +525,11 @@ class EngineCore(wiring.Component):
         next_abase = Signal(field_bits["act_base"])
         desc_regs = [K, N, wbase, abase, shift, next_abase]     # in the order they load
         desc_step = Signal(range(len(desc_regs) + 1))
-        nb = Signal(WIDTH)                  # blocks of the current layer
+        # blocks of the current layer's outputs (N) and of its inputs (K: the outputs of the
+        # layer below), loaded with N and K
+        nb, nb_below = Signal(WIDTH), Signal(WIDTH)
         last_layer = Signal()
-        m.d.comb += [nb.eq((N + P - 1) >> LOGP), last_layer.eq(l == n_layers - 1)]
+        m.d.comb += last_layer.eq(l == n_layers - 1)
         # the read port: the bus's when no load runs
         with m.If(~desc_loading):
             m.d.comb += d_rd.addr.eq(bus_d_addr)
@@ -573,18 +597,22 @@ class EngineCore(wiring.Component):
         lanes_on = Signal(P)                # kept lanes of the current block
         s1_lanes = Signal(P)
 
-        # one rounding shifter, shared by the three units that requantize and never run at
-        # the same time: the forward writeback (W_LANE), the dX requantizer (REQ_RUN) and the
-        # update unit (U_LANE). Its input is a register: the writeback and update units load
-        # the head lane of u_src (rq_take_head, with their shift in rq_head_shift), the
-        # requantizer a dX entry (rq_take_dx); rq_out is the rounded value a cycle later
+        # one rounding shifter (round_shift), shared by the three units that requantize and
+        # never run at the same time: the forward writeback (W_LANE), the dX requantizer
+        # (REQ_RUN) and the update unit (U_LANE). The writeback and update units take the
+        # head lane of u_src (rq_take_head, with their shift in rq_head_shift), the
+        # requantizer a dX entry (rq_take_dx). Two register stages: rq_twice holds
+        # round_shift_twice(value) (its sign is the value's), rq_shifted that shifted right;
+        # rq_out, the rounded value, is there two cycles after the take
         RQ = max(LACC, spec.DX_BITS)
-        rq_value = Signal(signed(RQ), reset_less=True)
+        rq_twice = Signal(signed(RQ + 1), reset_less=True)
         rq_shift = Signal(6, reset_less=True)
+        rq_shifted = Signal(signed(RQ + 1), reset_less=True)
         rq_take_head, rq_take_dx = Signal(), Signal()
         rq_head_shift = Signal(6)
         rq_out = Signal(signed(RQ + 2))
-        m.d.comb += rq_out.eq(round_shift(rq_value, rq_shift, RQ))
+        m.d.sync += rq_shifted.eq(rq_twice >> rq_shift)
+        m.d.comb += rq_out.eq(round_shift_finish(rq_shifted))
 
         # scalar helpers
         dx_acc = Signal(signed(DACC))
@@ -654,10 +682,15 @@ class EngineCore(wiring.Component):
                 fields = [l * spec.LAYER_STRIDE + f for f in range(len(spec.LAYER_FIELDS))]
                 fields.append((l + 1) * spec.LAYER_STRIDE + spec.LAYER_FIELDS.index("act_base"))
                 m.d.comb += d_rd.addr.eq(Array(fields)[desc_step])
+                blocks = (d_rd.data + P - 1) >> LOGP
                 with m.Switch(desc_step):
                     for i, reg in enumerate(desc_regs):
                         with m.Case(i + 1):
                             m.d.sync += reg.eq(d_rd.data)
+                            if reg is N:
+                                m.d.sync += nb.eq(blocks)
+                            elif reg is K:
+                                m.d.sync += nb_below.eq(blocks)
                 m.d.sync += desc_step.eq(desc_step + 1)
                 with m.If(desc_step == len(desc_regs)):
                     m.d.sync += desc_step.eq(0)
@@ -1007,23 +1040,25 @@ class EngineCore(wiring.Component):
 
             # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
             ridx = Signal(range(bld.scratch_entries + 1))      # b*K + k, up to the batch's
+            req_s3_valid, req_s4_valid = Signal(), Signal()
             with m.State("REQ_START"):
                 lz = Signal(6)
                 for bit in range(spec.DX_BITS):
                     with m.If(dx_max[bit]):
                         m.d.comb += lz.eq(bit + 1)
                 m.d.sync += [dx_shift.eq(Mux(lz > 15, lz - 15, 0)), b.eq(0), k.eq(0),
-                             ridx.eq(0), s1_valid.eq(0), s2_valid.eq(0), g_row.eq(gbase_below)]
+                             ridx.eq(0), s1_valid.eq(0), s2_valid.eq(0), req_s3_valid.eq(0),
+                             req_s4_valid.eq(0), g_row.eq(gbase_below)]
                 m.next = "REQ_RUN"
             with m.State("REQ_RUN"):
                 # stage 0: read scratch entry ridx = b*K + k (all batch*K of them, in order);
-                # stage 1: into the shifter's input; stage 2: round and shift it; stage 3:
-                # saturate and write dY_below at (b, k), which step with the writes
+                # stage 1: into the shifter's input; stages 2 and 3: shift and round it (into
+                # req_v); stage 4: saturate and write dY_below at (b, k), which step with the
+                # writes
                 issue = ridx < batch_k
                 m.d.comb += [s_rd.addr.eq(ridx), count("grad_reads", issue)]
-                req_s3_valid = Signal()
                 m.d.sync += [s1_valid.eq(issue), s2_valid.eq(s1_valid),
-                             req_s3_valid.eq(s2_valid)]
+                             req_s3_valid.eq(s2_valid), req_s4_valid.eq(req_s3_valid)]
                 with m.If(issue):
                     m.d.sync += ridx.eq(ridx + 1)
                 req_v = Signal(signed(spec.DX_BITS + 1))
@@ -1031,8 +1066,7 @@ class EngineCore(wiring.Component):
                 m.d.sync += req_v.eq(rq_out)
                 dy16 = clamp_signed(req_v, 16)           # gradients are symmetric: no -32768
                 dy = Mux(dy16 == -32768, -32767, dy16)
-                nb_below = (K + P - 1) >> LOGP      # blocks of the layer below (N below = K)
-                with m.If(req_s3_valid):
+                with m.If(req_s4_valid):
                     m.d.comb += [g_wr.addr.eq(g_row + (k >> LOGP)),
                                  g_wr_value.eq(dy), g_wr_on.eq(1),
                                  g_wr_lane.eq(k[:LOGP]), count("grad_writes")]
@@ -1265,15 +1299,15 @@ class EngineCore(wiring.Component):
         # forward outputs of one block, one lane per cycle through the requantizer: ReLU and
         # UQ2.6 bytes into the activation memory, or Q7.8 logits into the gradient memory.
         # Stage A takes the lane at the head of u_src (which shifts down one lane per cycle,
-        # so no P-way multiplexer) into the shifter, stage B rounds and shifts it, stage C
-        # saturates and writes.
+        # so no P-way multiplexer) into the shifter, stages B1 and B2 shift and round it,
+        # stage C saturates and writes.
         wb_y = Signal(signed(LACC + 1))
-        wb_head_on, wb_y_on = Signal(), Signal()
-        wb_head_lane, wb_y_lane = Signal(range(P)), Signal(range(P))
-        wb_b_valid, wb_c_valid = Signal(), Signal()
+        wb_head_on, wb_b2_on, wb_y_on = Signal(), Signal(), Signal()
+        wb_head_lane, wb_b2_lane, wb_y_lane = (Signal(range(P)) for _ in range(3))
+        wb_b_valid, wb_b2_valid, wb_c_valid = Signal(), Signal(), Signal()
         with m.FSM(name="writeback"):
             with m.State("W_IDLE"):
-                m.d.sync += [wp.eq(0), wb_b_valid.eq(0), wb_c_valid.eq(0)]
+                m.d.sync += [wp.eq(0), wb_b_valid.eq(0), wb_b2_valid.eq(0), wb_c_valid.eq(0)]
                 with m.If(wb_busy):
                     m.next = "W_LANE"
             with m.State("W_LANE"):
@@ -1282,9 +1316,10 @@ class EngineCore(wiring.Component):
                                  wb_head_lane.eq(wp), wb_lanes.eq(wb_lanes >> 1), wp.eq(wp + 1)]
                     m.d.comb += [u_shift_down.eq(1), rq_take_head.eq(1),
                                  rq_head_shift.eq(wb_shift)]
-                m.d.sync += [wb_b_valid.eq(wp < P), wb_c_valid.eq(wb_b_valid),
-                             wb_y.eq(rq_out),
-                             wb_y_on.eq(wb_head_on), wb_y_lane.eq(wb_head_lane)]
+                m.d.sync += [wb_b_valid.eq(wp < P), wb_b2_valid.eq(wb_b_valid),
+                             wb_c_valid.eq(wb_b2_valid), wb_y.eq(rq_out),
+                             wb_b2_on.eq(wb_head_on), wb_b2_lane.eq(wb_head_lane),
+                             wb_y_on.eq(wb_b2_on), wb_y_lane.eq(wb_b2_lane)]
                 with m.If(wb_c_valid & wb_y_on):
                     with m.If(wb_last):
                         logit = clamp_signed(wb_y, 16)
@@ -1295,21 +1330,26 @@ class EngineCore(wiring.Component):
                         m.d.comb += [a_wr.addr.eq(wb_act + wb_y_lane),
                                      a_wr.data.eq(clamp_byte(wb_y)), a_wr.en.eq(1),
                                      count("act_writes")]
-                with m.If((wp == P) & ~wb_b_valid):
+                with m.If((wp == P) & ~wb_b_valid & ~wb_b2_valid):
                     m.d.sync += wb_busy.eq(0)
                     m.next = "W_IDLE"
 
         # ---------------------------------------------------------------- update unit
         # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), one lane per
         # cycle through one shared shifter; only changed lanes are written. Stage A takes the
-        # head lane of u_src and of the weight word (both shift down a lane per cycle), stage
-        # B rounds and shifts the gradient (or takes the PSG step), stage C subtracts and
-        # saturates, and stage D writes the new weight into its lane if it changed (the weight
-        # memory is written a lane at a time; nothing reads it while the update unit runs).
-        ua_old, ub_old = Signal(signed(W)), Signal(signed(W))
-        ua_on, ub_on = Signal(), Signal()
-        ub_valid, uc_valid = Signal(), Signal()
-        ub_delta = Signal(signed(LACC + 2))
+        # head lane of u_src and of the weight word (both shift down a lane per cycle), stages
+        # B1 and B2 shift and round the gradient (or take the PSG step, by the gradient's
+        # sign), stage C subtracts and saturates, and stage D writes the new weight into its
+        # lane if it changed (the weight memory is written a lane at a time; nothing reads it
+        # while the update unit runs).
+        ua_old, ub2_old, ub_old = (Signal(signed(W)) for _ in range(3))
+        ua_on, ub2_on, ub_on = Signal(), Signal(), Signal()
+        ub2_pos, ub2_neg = Signal(), Signal()       # the gradient's sign, in stage B2
+        ub_valid, ub2_valid, uc_valid = Signal(), Signal(), Signal()
+        # the amount to subtract, saturated to 18 bits: from a weight in 16 bits, any larger
+        # amount saturates the new weight just the same, and stage C's subtractor stays short
+        DELTA = W + 2
+        ub_delta = Signal(signed(DELTA))
         uc_lane = Signal(range(P))          # the lane in stage C
         ud_write = Signal()                 # stage D: write ud_value into lane ud_lane
         ud_value = Signal(W, reset_less=True)
@@ -1324,7 +1364,8 @@ class EngineCore(wiring.Component):
                     m.next = "U_READ"
             with m.State("U_READ"):
                 m.d.comb += [w_rd.addr.eq(u_addr), count("weight_reads", popcount(u_lanes))]
-                m.d.sync += [up.eq(0), ub_valid.eq(0), uc_valid.eq(0), uc_lane.eq(0)]
+                m.d.sync += [up.eq(0), ub_valid.eq(0), ub2_valid.eq(0), uc_valid.eq(0),
+                             uc_lane.eq(0)]
                 m.next = "U_LATCH"
             with m.State("U_LATCH"):
                 m.d.comb += u_word_load.eq(1)
@@ -1342,20 +1383,23 @@ class EngineCore(wiring.Component):
                         # a confident lane skipped the full MAC of every live sample
                         m.d.comb += count("skip_psg", u_live)
                 m.d.sync += ub_valid.eq(up < P)
-                # stage B: the amount to subtract
+                # stage B1: the shifter's first stage
+                m.d.sync += [ub2_old.eq(ua_old), ub2_on.eq(ua_on), ub2_valid.eq(ub_valid),
+                             ub2_pos.eq(rq_twice > 0), ub2_neg.eq(rq_twice < 0)]
+                # stage B2: the amount to subtract
                 step = (Const(1, unsigned(16)) << psg_step)[:16]
-                sign_step = Mux(rq_value > 0, step, 0) - Mux(rq_value < 0, step, 0)
-                m.d.sync += [ub_delta.eq(Mux(psg_on, sign_step, rq_out)),
-                             ub_old.eq(ua_old), ub_on.eq(ua_on), uc_valid.eq(ub_valid)]
+                sign_step = Mux(ub2_pos, step, 0) - Mux(ub2_neg, step, 0)
+                m.d.sync += [ub_delta.eq(Mux(psg_on, sign_step, clamp_signed(rq_out, DELTA))),
+                             ub_old.eq(ub2_old), ub_on.eq(ub2_on), uc_valid.eq(ub2_valid)]
                 # stage C: the new weight, saturated; written only if it changed
-                new = Signal(signed(LACC + 3))
+                new = Signal(signed(DELTA + 1))
                 m.d.comb += new.eq(ub_old - ub_delta)
                 newsat = clamp_signed(new, 16)
                 changed = ub_on & (newsat != ub_old)
                 with m.If(uc_valid):
                     m.d.sync += [ud_write.eq(changed), ud_value.eq(newsat[:W]),
                                  ud_lane.eq(uc_lane), uc_lane.eq(uc_lane + 1)]
-                with m.If((up == P) & ~ub_valid):
+                with m.If((up == P) & ~ub_valid & ~ub2_valid):
                     m.next = "U_WRITE"
             with m.State("U_WRITE"):
                 # stage D of the last lane
@@ -1364,9 +1408,10 @@ class EngineCore(wiring.Component):
 
         # ---------------------------------------------------------------- shifter input
         with m.If(rq_take_dx):
-            m.d.sync += [rq_value.eq(s_rd.data), rq_shift.eq(dx_shift)]
+            m.d.sync += [rq_twice.eq(round_shift_twice(s_rd.data)), rq_shift.eq(dx_shift)]
         with m.Elif(rq_take_head):
-            m.d.sync += [rq_value.eq(u_src[0]), rq_shift.eq(rq_head_shift)]
+            m.d.sync += [rq_twice.eq(round_shift_twice(u_src[0])),
+                         rq_shift.eq(rq_head_shift)]
 
         # ---------------------------------------------------------------- lane registers
         # every phase registers the lanes' operands and products. The input-gradient pass
