@@ -1,8 +1,8 @@
 """ULX3S (ECP5 LFE5U-85F) top: the engine at spec.BUILDS["ulx3s"] behind an EHXPLLL.
 
 Clock: the board's 25 MHz oscillator (pin G2) feeds an EHXPLLL with CLKOP fed back.
-`ecp5_pll(25 MHz, build.clock_hz)` picks the dividers; for the 100 MHz target that is
-CLKI_DIV=1, CLKFB_DIV=4, CLKOP_DIV=6: 25 MHz x 4 = 100.000 MHz exactly, VCO 600 MHz.
+`ecp5_pll(25 MHz, build.clock_hz)` picks the dividers; for the 30 MHz target that is
+CLKI_DIV=5, CLKFB_DIV=6, CLKOP_DIV=20: 25 MHz / 5 x 6 = 30.000 MHz exactly, VCO 600 MHz.
 
 UART: the FTDI (FPGA pins M1 rx, L4 tx) at spec.DEFAULT_BAUD.
 LEDs: LED 0 busy, LED 1 link_busy, LED 7 heartbeat.

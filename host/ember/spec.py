@@ -230,13 +230,13 @@ BUILDS = {
     "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
                   scratch_entries=256, max_batch=8, max_layers=4, max_width=64,
                   clock_hz=40_000_000),
-    # 20 MHz: the 32-lane build routes at 33.7 MHz for this target, and at a 25 MHz target
-    # its timing-driven placement no longer routes (docs/boards.md). The aim is 100 MHz.
+    # 30 MHz: the 32-lane build routes at 41.9 MHz for this target (docs/boards.md); at 35 MHz
+    # routing did not converge. The aim is 100 MHz.
     # 1024 weight words per lane (32 K weights; 784-32-10 needs 816 words) keep each lane's
     # weights in one DP16KD.
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
-                   clock_hz=20_000_000),
+                   clock_hz=30_000_000),
 }
 DEFAULT_BUILD = BUILDS["sim"]
 
