@@ -30,8 +30,8 @@ def ecp5_out(f_in, p):
 
 def test_ice40_pll_hits_the_icebreaker_target_exactly():
     cfg = ice40_pll(icebreaker.BOARD_CLOCK_HZ, spec.BUILDS["icebreaker"].clock_hz)
-    assert cfg.params == {"DIVR": 0, "DIVF": 47, "DIVQ": 5, "FILTER_RANGE": 1}
-    assert cfg.f_out_hz == spec.BUILDS["icebreaker"].clock_hz == 18_000_000
+    assert cfg.params == {"DIVR": 0, "DIVF": 63, "DIVQ": 5, "FILTER_RANGE": 1}
+    assert cfg.f_out_hz == spec.BUILDS["icebreaker"].clock_hz == 24_000_000
 
 
 def test_ecp5_pll_hits_the_ulx3s_target_exactly():

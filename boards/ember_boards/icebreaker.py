@@ -2,8 +2,8 @@
 
 Clock: the board's 12 MHz oscillator enters on pin 35, the PLL's own input pad, so the PLL is an
 SB_PLL40_PAD (the pad drives the PLL directly and leaves the global buffer to its output).
-`ice40_pll(12 MHz, build.clock_hz)` picks the dividers; for the 18 MHz target that is
-DIVR=0, DIVF=47, DIVQ=5, FILTER_RANGE=1: 12 MHz x 48 = 576 MHz VCO / 32 = 18.000 MHz exactly.
+`ice40_pll(12 MHz, build.clock_hz)` picks the dividers; for the 24 MHz target that is
+DIVR=0, DIVF=63, DIVQ=5, FILTER_RANGE=1: 12 MHz x 64 = 768 MHz VCO / 32 = 24.000 MHz exactly.
 
 UART: the FTDI's second channel (pins 6 rx, 9 tx) at spec.DEFAULT_BAUD.
 LEDs: red (pin 11) busy, green (pin 37) heartbeat, and the snap-off board's LED 2 (PMOD2 pin 7)

@@ -222,7 +222,7 @@ BUILDS = {
     # weights, 1,536 activation bytes, 512 gradient words and 512 dX entries at batch 16.
     "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS, act_bytes=2048,
                         grad_words=512, scratch_entries=512, max_batch=16, max_layers=3,
-                        max_width=64, clock_hz=18_000_000, weight_spram=True,
+                        max_width=64, clock_hz=24_000_000, weight_spram=True,
                         features=("zero_skip", "slu")),
     # a small build for fast RTL tests (Icarus included) and the CI bitstream of the ULX3S
     # flow (tests/test_bitstream.py): it routes at 47 to 57 MHz on the ECP5-85F, so 40 MHz

@@ -32,14 +32,14 @@ The iCEBreaker build keeps its weights in SB_SPRAM256KA, simulated by Yosys's
 share/ice40/cells_sim.v as in ember_sim.board. The PLLs are MODELLED, NOT SIMULATED
 (models/pll_models.v): SB_PLL40_PAD and EHXPLLL pass their reference clock through and raise
 LOCK after 64 reference cycles. The bench therefore drives the board's clock pin at the PLL's
-*output* frequency (the top's ``clock_hz``: 18 MHz on the iCEBreaker, 30 MHz on the ULX3S),
+*output* frequency (the top's ``clock_hz``: 24 MHz on the iCEBreaker, 30 MHz on the ULX3S),
 not at the oscillator's; what the PLL dividers give is checked by tests/test_boards.py and, on
 the chip, by nextpnr. Yosys's cells_sim.v declares SB_PLL40_PAD as an empty blackbox, so the
 iCEBreaker simulation compiles a copy of it without that module (build/sim/models/).
 
 UART speed
 ----------
-At spec.DEFAULT_BAUD a byte is over 1,500 cycles of an 18 MHz clock, far too slow for a host
+At spec.DEFAULT_BAUD a byte is over 2,000 cycles of a 24 MHz clock, far too slow for a host
 session in simulation. The tops take a ``baud`` argument (ember_boards.common.engine_on_uart);
 here it is the top's clock divided by `divisor` (default 8 cycles per bit), and the bench's
 side of the line uses the same bit time. `make bitstream` keeps spec.DEFAULT_BAUD.
