@@ -65,6 +65,15 @@ LFSR_TAPS = 0xB400
 #: The SGD update shift is clamped to this range after the gradient-scale correction.
 UPDATE_SHIFT_MAX = 47
 
+# --- Shifts ------------------------------------------------------------------------------------
+#: Largest forward requantization shift a layer descriptor takes (its "shift" field).
+FORWARD_SHIFT_MAX = 31
+#: Largest power-of-two scale of a layer's input gradient: dX (DX_BITS, signed) is shifted
+#: until its largest magnitude fits the GRAD_BITS - 1 magnitude bits of dY.
+DX_SHIFT_MAX = DX_BITS - (GRAD_BITS - 1)
+#: The engine's one rounding shifter serves all three.
+SHIFT_MAX = max(UPDATE_SHIFT_MAX, FORWARD_SHIFT_MAX, DX_SHIFT_MAX)
+
 # --- Event counters -------------------------------------------------------------------------------
 #: Every event the engine counts, in register-map order. Names are the JSON keys too.
 COUNTERS = (
@@ -121,6 +130,35 @@ SPRAM_BLOCKS = 4
 #: out the units it does not list in Build.features (to fit a small FPGA); the host refuses
 #: settings that need a missing unit before it writes anything.
 FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One read-write register or layer-descriptor field of a build: its legal range and the
+    register that holds it.
+
+    lo, hi:   the values a write may carry (the host checks them before it writes; the
+              engine's register holds exactly 0..hi, see `bits`).
+    init:     the value after reset (may lie outside lo..hi: batch and layers start at 0,
+              "nothing configured").
+    feature:  the optional unit (FEATURES) whose setting this is; a build without that unit
+              has no register for it: it reads as `init` and a write is answered and dropped.
+    """
+    name: str
+    lo: int
+    hi: int
+    init: int = 0
+    feature: str | None = None
+
+    @property
+    def bits(self):
+        """The register's width: the fewest bits that hold 0..hi. A bus write keeps the low
+        `bits` bits of the 32-bit word (the engine and the model alike)."""
+        return max(1, self.hi.bit_length())
+
+    def contains(self, value):
+        """True if `value` is a legal setting."""
+        return self.lo <= value <= self.hi
 
 
 @dataclass(frozen=True)
@@ -192,6 +230,35 @@ class Build:
 
     def blocks(self, width):
         return -(-width // self.lanes)
+
+    def settings(self):
+        """The read-write registers (REGISTERS' "rw" entries, in that order) as Settings: the
+        one table of their widths and legal ranges on this build."""
+        table = (
+            Setting("batch", 1, self.max_batch),
+            Setting("layers", 1, self.max_layers),
+            Setting("update_mask", 0, (1 << self.max_layers) - 1),
+            Setting("lr_shift", 0, UPDATE_SHIFT_MAX),
+            Setting("flags", 0, (1 << len(FLAG_BITS)) - 1),
+            Setting("psg_tau", 0, (1 << 32) - 1, feature="psg"),
+            Setting("psg_step_shift", 0, WEIGHT_BITS - 2, feature="psg"),
+            Setting("keep_q8", 1, KEEP_ONE, init=KEEP_ONE, feature="ssprop"),
+            Setting("lfsr_seed", 1, (1 << 16) - 1, init=1, feature="ssprop_random"),
+        )
+        return {s.name: s for s in table}
+
+    def descriptor_fields(self):
+        """The fields of a layer descriptor (LAYER_FIELDS, in that order) as Settings. A base
+        holds any word (byte) of its memory; whether the layer then fits is the network
+        check's (check_network), which knows the sizes."""
+        table = (
+            Setting("inputs", 1, self.max_width),
+            Setting("outputs", 1, self.max_width),
+            Setting("weight_base", 0, self.weight_words - 1),
+            Setting("act_base", 0, self.act_bytes - 1),
+            Setting("shift", 0, FORWARD_SHIFT_MAX),
+        )
+        return {s.name: s for s in table}
 
     def feature_mask(self):
         """The FEATURES register's value: bit i set if the build has FEATURES[i]."""
@@ -435,3 +502,10 @@ CONTROL_TRAIN = 1
 CONTROL_INFER = 2
 CONTROL_CLEAR_COUNTERS = 4
 FLAG_BITS = ("zero_skip", "psg", "psg_relative", "ssprop_random")
+
+
+# the tables of Build.settings and Build.descriptor_fields name exactly the registers above
+assert tuple(DEFAULT_BUILD.settings()) == tuple(n for n, (_, mode) in REGISTERS.items()
+                                                if mode == "rw")
+assert tuple(DEFAULT_BUILD.descriptor_fields()) == LAYER_FIELDS
+assert len(LAYER_FIELDS) <= LAYER_STRIDE

@@ -37,6 +37,8 @@ from amaranth.lib.wiring import In, Out
 
 from ember import spec
 
+from .arith import (RoundingShifter, clamp_byte, clamp_signed, clamp_symmetric, popcount,
+                    tree_sum)
 from .bus import BusSignature
 from .counters import CounterFile
 from .lanemem import LaneMemory
@@ -48,60 +50,6 @@ from .weights import WeightMemory
 
 def _bits(n):
     return max(1, (n - 1).bit_length())
-
-
-def round_shift(value, shift, width):
-    """Round to nearest, ties away from zero, then arithmetic right shift by `shift` (a
-    signal): golden.round_shift, (value + 2**(shift-1) - (value < 0)) >> shift, for every
-    shift (0 is the identity; from width + 1 on the result is 0). `value` is signed and
-    `width` bits wide; the result is signed(width + 2).
-
-    Computed without the 2**(shift-1) term (no second shifter, no test of shift == 0) as
-    ((2*value - neg) >> shift) + 1, halved: for shift >= 1 that equals
-    floor((value - neg + 2**(shift-1)) / 2**shift), because 2*value - neg and
-    2*(value - neg) differ by one below an even number and so by no multiple of 2**shift;
-    for shift 0 it is (2*value - neg + 1) >> 1 = value."""
-    return round_shift_finish(round_shift_twice(value) >> shift)
-
-
-def round_shift_twice(value):
-    """The first step of round_shift: 2*value - (value < 0), signed(len(value) + 1)."""
-    value = value.as_signed()
-    return Cat(Const(0, 1), value).as_signed() - value[-1].as_unsigned()
-
-
-def round_shift_finish(shifted):
-    """The last step of round_shift, from round_shift_twice(value) >> shift: plus one, halved."""
-    return (shifted + 1) >> 1
-
-
-def tree_sum(values):
-    """The sum of `values` as a balanced tree of adders (log2(n) adders deep, where Python's
-    sum() would chain n of them)."""
-    values = list(values)
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
-
-
-def clamp_signed(value, bits):
-    """`value` (signed) saturated to signed(bits), by its top bits rather than two
-    comparators: it fits unless the bits from `bits - 1` up are not all equal to its sign."""
-    value = value.as_signed()
-    if len(value) <= bits:
-        return value
-    top = value[bits - 1:]
-    fits = (top == 0) | (top == (1 << len(top)) - 1)
-    lim = (1 << (bits - 1)) - 1
-    return Mux(fits, value[:bits].as_signed(),
-               Mux(value[-1], Const(-lim - 1, signed(bits)), Const(lim, signed(bits))))
-
-
-def clamp_byte(value):
-    """`value` (signed) saturated to 0..255."""
-    value = value.as_signed()
-    return Mux(value[-1], 0, Mux(value[8:] != 0, 255, value[:8]))
 
 
 class EngineCore(wiring.Component):
@@ -250,9 +198,6 @@ class EngineCore(wiring.Component):
 
         def count(name, amount=1):
             return inc[name].eq(amount)
-
-        def popcount(word):
-            return tree_sum([word[i] for i in range(len(word))])
 
         # ---------------------------------------------------------------- command state
         busy = Signal()
@@ -601,23 +546,19 @@ class EngineCore(wiring.Component):
         # never run at the same time: the forward writeback (W_LANE), the dX requantizer
         # (REQ_RUN) and the update unit (U_LANE). The writeback and update units take the
         # head lane of u_src (rq_take_head, with their shift in rq_head_shift), the
-        # requantizer a dX entry (rq_take_dx). Two register stages: rq_twice holds
-        # round_shift_twice(value) (its sign is the value's), rq_shifted that shifted right;
-        # rq_out, the rounded value, is there two cycles after the take
-        RQ = max(LACC, spec.DX_BITS)
-        rq_twice = Signal(signed(RQ + 1), reset_less=True)
-        rq_shift = Signal(6, reset_less=True)
-        rq_shifted = Signal(signed(RQ + 1), reset_less=True)
+        # requantizer a dX entry (rq_take_dx). Two register stages (ember_hw.arith): rq_twice
+        # has round_shift_twice(value) (its sign is the value's) the cycle after the take,
+        # rq_out the rounded value two cycles after it
+        m.submodules.shifter = shifter = RoundingShifter(max(LACC, spec.DX_BITS),
+                                                         spec.SHIFT_MAX)
+        rq_twice, rq_out = shifter.twice, shifter.out
         rq_take_head, rq_take_dx = Signal(), Signal()
-        rq_head_shift = Signal(6)
-        rq_out = Signal(signed(RQ + 2))
-        m.d.sync += rq_shifted.eq(rq_twice >> rq_shift)
-        m.d.comb += rq_out.eq(round_shift_finish(rq_shifted))
+        rq_head_shift = Signal.like(shifter.shift)
 
         # scalar helpers
         dx_acc = Signal(signed(DACC))
         dx_max = Signal(spec.DX_BITS)
-        dx_shift = Signal(6)
+        dx_shift = Signal(range(spec.DX_SHIFT_MAX + 1))
         correction = Signal(signed(12))
         keep = Signal(WIDTH)
         batch_k = Signal(BATCH + WIDTH)     # batch * K of the current layer
@@ -638,7 +579,7 @@ class EngineCore(wiring.Component):
         u_src = [Signal(signed(LACC), name=f"u_src{i}", reset_less=True) for i in range(P)]
         u_lanes = Signal(P)
         u_addr = Signal.like(wbase)
-        u_shift = Signal(6)
+        u_shift = Signal(range(spec.UPDATE_SHIFT_MAX + 1))
         u_skip = Signal(P)                  # PSG: confident lanes (their full MACs skipped)
         u_live = Signal(BATCH)              # PSG: live samples of the low pass
         up = Signal(range(P + 1))
@@ -1042,7 +983,7 @@ class EngineCore(wiring.Component):
             ridx = Signal(range(bld.scratch_entries + 1))      # b*K + k, up to the batch's
             req_s3_valid, req_s4_valid = Signal(), Signal()
             with m.State("REQ_START"):
-                lz = Signal(6)
+                lz = Signal(range(spec.DX_BITS + 1))    # bit length of max |dX|
                 for bit in range(spec.DX_BITS):
                     with m.If(dx_max[bit]):
                         m.d.comb += lz.eq(bit + 1)
@@ -1064,8 +1005,7 @@ class EngineCore(wiring.Component):
                 req_v = Signal(signed(spec.DX_BITS + 1))
                 m.d.comb += rq_take_dx.eq(1)
                 m.d.sync += req_v.eq(rq_out)
-                dy16 = clamp_signed(req_v, 16)           # gradients are symmetric: no -32768
-                dy = Mux(dy16 == -32768, -32767, dy16)
+                dy = clamp_symmetric(req_v, spec.GRAD_BITS)
                 with m.If(req_s4_valid):
                     m.d.comb += [g_wr.addr.eq(g_row + (k >> LOGP)),
                                  g_wr_value.eq(dy), g_wr_on.eq(1),
@@ -1407,11 +1347,9 @@ class EngineCore(wiring.Component):
                 m.next = "U_IDLE"
 
         # ---------------------------------------------------------------- shifter input
-        with m.If(rq_take_dx):
-            m.d.sync += [rq_twice.eq(round_shift_twice(s_rd.data)), rq_shift.eq(dx_shift)]
-        with m.Elif(rq_take_head):
-            m.d.sync += [rq_twice.eq(round_shift_twice(u_src[0])),
-                         rq_shift.eq(rq_head_shift)]
+        m.d.comb += [shifter.en.eq(rq_take_dx | rq_take_head),
+                     shifter.value.eq(Mux(rq_take_dx, s_rd.data, u_src[0])),
+                     shifter.shift.eq(Mux(rq_take_dx, dx_shift, rq_head_shift))]
 
         # ---------------------------------------------------------------- lane registers
         # every phase registers the lanes' operands and products. The input-gradient pass
