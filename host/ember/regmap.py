@@ -144,6 +144,11 @@ def counters_from_words(words):
             for i, name in enumerate(spec.COUNTERS)}
 
 
+def _ranges(table):
+    return {name: {"bits": s.bits, "min": s.lo, "max": s.hi, "init": s.init,
+                   "feature": s.feature} for name, s in table.items()}
+
+
 def register_map():
     """The whole map as a JSON-ready dict (what docs/protocol.md's table is made from)."""
     return {
@@ -153,6 +158,11 @@ def register_map():
         "layer_fields": {f: [layer_field(l, f) for l in range(spec.MAX_LAYERS)]
                          for f in spec.LAYER_FIELDS},
         "counters": {c: counter(c) for c in spec.COUNTERS},
+        # per build: each read-write setting's and descriptor field's register width, legal
+        # range, reset value and the optional unit it belongs to
+        "settings": {name: _ranges(build.settings()) for name, build in spec.BUILDS.items()},
+        "layer_field_ranges": {name: _ranges(build.descriptor_fields())
+                               for name, build in spec.BUILDS.items()},
         "flags": {f: 1 << i for i, f in enumerate(spec.FLAG_BITS)},
         "control": {"train": spec.CONTROL_TRAIN, "infer": spec.CONTROL_INFER,
                     "clear_counters": spec.CONTROL_CLEAR_COUNTERS},

@@ -445,6 +445,8 @@ LINK_STATUS = {
     "bad_value": 0x06,
     "duplicate": 0x07,
 }
+#: Labels (in) and predictions (out) are 16-bit values, two per bus word.
+LABEL_BITS = 16
 #: Request commands.
 LINK_COMMANDS = {"read": 0x01, "write": 0x02}
 #: Default UART rate of the boards (a build parameter).

@@ -35,8 +35,11 @@ class VirtualEngine:
         self.labels = np.zeros(build.max_batch, dtype=np.int64)
         self.predictions = np.zeros(build.max_batch, dtype=np.int64)
         self.acts = np.zeros(build.act_bytes, dtype=np.int64)
-        self.regs = {name: 0 for name, (_, mode) in spec.REGISTERS.items() if mode == "rw"}
-        self.regs.update(keep_q8=spec.KEEP_ONE, lfsr_seed=1)
+        # the registers as the gateware's register bank holds them (ember_hw.regbank): each
+        # setting and descriptor field Setting.bits wide, a left-out unit's settings constant
+        self.settings_table = build.settings()
+        self.fields = build.descriptor_fields()
+        self.regs = {name: s.init for name, s in self.settings_table.items()}
         self.layer = [dict.fromkeys(spec.LAYER_FIELDS, 0) for _ in range(build.max_layers)]
         self.correct = 0
         self.link_rx = self.link_tx = 0
@@ -93,10 +96,12 @@ class VirtualEngine:
                     return                      # the gateware acknowledges and ignores
                 if mode == "wo":
                     return self._control(value)
-                self.regs[name] = value
+                setting = self.settings_table[name]
+                if setting.feature is None or setting.feature in self.build.features:
+                    self.regs[name] = value & ((1 << setting.bits) - 1)
                 return
             layer, field = self._layer_field(off)
-            self.layer[layer][field] = value
+            self.layer[layer][field] = value & ((1 << self.fields[field].bits) - 1)
             return
         if region == _REGION["counters"] and off < _COUNTERS_END:
             raise BusError("out_of_range")

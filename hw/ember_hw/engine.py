@@ -42,6 +42,7 @@ from .arith import (RoundingShifter, clamp_byte, clamp_signed, clamp_symmetric, 
 from .bus import BusSignature
 from .counters import CounterFile
 from .lanemem import LaneMemory
+from .regbank import RegisterBank
 from .loss import SoftmaxGradUnit
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
@@ -87,21 +88,23 @@ class EngineCore(wiring.Component):
         P = bld.lanes
         LOGP = P.bit_length() - 1
         W = spec.WEIGHT_BITS
-        WIDTH = _bits(bld.max_width + 1)           # holds max_width
-        BATCH = _bits(bld.max_batch + 1)
+        # widths of layer-width and batch-size values: those of their registers (spec's table)
+        WIDTH = bld.descriptor_fields()["inputs"].bits
+        BATCH = bld.settings()["batch"].bits
         L = bld.max_layers
         bus = self.bus
 
         # ---------------------------------------------------------------- memories
         m.submodules.wmem = wmem = self.wmem
-        m.submodules.amem = amem = Memory(shape=unsigned(8), depth=bld.act_bytes, init=[])
+        m.submodules.amem = amem = Memory(shape=unsigned(spec.ACT_BITS), depth=bld.act_bytes, init=[])
         # banked per lane (ember_hw.lanemem), like the weights: each lane's entries in memory
         # of its own
-        m.submodules.gmem = gmem = LaneMemory(P, bld.grad_words, 16)
+        m.submodules.gmem = gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS)
         m.submodules.smem = smem = Memory(shape=signed(spec.DX_BITS),
                                           depth=max(1, bld.scratch_entries), init=[])
-        m.submodules.lmem = lmem = Memory(shape=unsigned(16), depth=bld.max_batch, init=[])
-        m.submodules.pmem = pmem = Memory(shape=unsigned(16), depth=bld.max_batch, init=[])
+        m.submodules.lmem = lmem = Memory(shape=unsigned(spec.LABEL_BITS), depth=bld.max_batch,
+                                          init=[])
+        m.submodules.pmem = pmem = Memory(shape=unsigned(spec.LABEL_BITS), depth=bld.max_batch, init=[])
         # optional units (spec.FEATURES): a build without PSG or ssProp leaves their
         # registers, states and memories out; the host never asks for them (FEATURES register)
         has_psg = "psg" in bld.features
@@ -127,48 +130,33 @@ class EngineCore(wiring.Component):
         if has_random:
             m.submodules.lfsr = lfsr = Lfsr16()
 
-        # ---------------------------------------------------------------- registers
-        batch = Signal(BATCH)
-        n_layers = Signal(range(L + 1))
-        update_mask = Signal(L)
-        lr_shift = Signal(6)
-        flags = Signal(len(spec.FLAG_BITS))
-        psg_tau = Signal(32)
-        psg_step = Signal(4)
-        keep_q8 = Signal(9, init=spec.KEEP_ONE)
-        lfsr_seed = Signal(16, init=1)
-        # a build without an optional unit has no registers for its settings: they read as
-        # their reset value, and writes to them are answered and dropped (the host writes
-        # every setting with each batch, whatever the build)
-        if not has_psg:
-            psg_tau, psg_step = Const(0, len(psg_tau)), Const(0, len(psg_step))
-        if not has_ssprop:
-            keep_q8 = Const(spec.KEEP_ONE, len(keep_q8))
-        if not has_random:
-            lfsr_seed = Const(1, len(lfsr_seed))
-        zero_skip_reg, psg_on, psg_rel, ss_random = (flags[i] for i in range(4))
+        # ---------------------------------------------------------------- register bank
+        # the settings, layer descriptors and CONTROL (ember_hw.regbank, from spec's tables);
+        # a build without an optional unit has no register for its settings (they read as
+        # their init, constantly)
+        m.submodules.regs = regs = RegisterBank(bld)
+        settings = regs.settings
+        batch, n_layers, update_mask = settings.batch, settings.layers, settings.update_mask
+        lr_shift, flags, psg_tau = settings.lr_shift, settings.flags, settings.psg_tau
+        psg_step, keep_q8, lfsr_seed = (settings.psg_step_shift, settings.keep_q8,
+                                        settings.lfsr_seed)
+        zero_skip_reg, psg_on, psg_rel, ss_random = (flags[spec.FLAG_BITS.index(name)] for name in
+                                                     ("zero_skip", "psg", "psg_relative",
+                                                      "ssprop_random"))
         off = Const(0, 1)
         if not has_psg:
             psg_on = psg_rel = off
         if not has_random:
             ss_random = off
-        # the layer descriptors: field f of layer l (spec.LAYER_FIELDS) in word
-        # l * LAYER_STRIDE + f of a small memory, at its field's width (a bus write keeps the
-        # low bits, as a register would). The sequencer loads the current layer's into
-        # registers (K, N, wbase, abase, shift, and next_abase: layer l + 1's act_base) each
-        # time it moves to another layer (DESC_FWD, DESC_BWD). Layer L's words are never
-        # written (always 0). Layer 0's input count is also kept in a register (inputs0), a
-        # factor of the input batch's size.
-        field_bits = {"inputs": WIDTH, "outputs": WIDTH,
-                      "weight_base": _bits(bld.weight_words), "act_base": _bits(bld.act_bytes),
-                      "shift": 5}
-        assert tuple(field_bits) == spec.LAYER_FIELDS
-        m.submodules.dmem = dmem = Memory(shape=unsigned(max(field_bits.values())),
-                                          depth=(L + 1) * spec.LAYER_STRIDE, init=[])
-        d_rd, d_wr = dmem.read_port(), dmem.write_port()
-        inputs0 = Signal(WIDTH)
-        correct = Signal(BATCH)
-        label = Signal(16)
+        # The sequencer loads the current layer's descriptor into registers (K, N, wbase,
+        # abase, shift, and next_abase: layer l + 1's act_base) each time it moves to another
+        # layer (DESC_FWD, DESC_BWD). Layer L's words are never written (always 0). Layer 0's
+        # input count (inputs0) is a factor of the input batch's size.
+        field_bits = {name: f.bits for name, f in regs.fields.items()}
+        inputs0 = regs.inputs0
+        correct = Signal.like(regs.correct)
+        label = Signal(spec.LABEL_BITS)
+        m.d.comb += regs.correct.eq(correct)
 
         # a serial multiplier for the products of two signals needed once per layer or
         # command (b is always a layer width). A command uses it for its per-layer products
@@ -177,7 +165,7 @@ class EngineCore(wiring.Component):
         # after a write of either register and after each command
         m.submodules.mul = mul = SerialMultiplier(max(BATCH + WIDTH, len(keep_q8)), WIDTH)
         limit_start = Signal()
-        m.d.sync += limit_start.eq(0)
+        m.d.sync += limit_start.eq(regs.limit_changed)
         m.d.comb += [mul.start.eq(limit_start), mul.a.eq(batch), mul.b.eq(inputs0)]
 
         # ---------------------------------------------------------------- counters
@@ -192,8 +180,7 @@ class EngineCore(wiring.Component):
                       skip_psg=P * bld.max_batch, skip_slu=2 * bnk, skip_ssprop=2 * bnk)
         m.submodules.counters = counters = CounterFile(bounds)
         inc = {name: getattr(counters.inc, name) for name in spec.COUNTERS}
-        clear_counters = Signal()           # (a registered strobe: see start_train)
-        m.d.comb += [counters.clear.eq(clear_counters),
+        m.d.comb += [counters.clear.eq(regs.clear_counters),
                      inc["link_rx_bytes"].eq(self.link_rx), inc["link_tx_bytes"].eq(self.link_tx)]
 
         def count(name, amount=1):
@@ -205,59 +192,25 @@ class EngineCore(wiring.Component):
         m.d.comb += self.busy.eq(busy)
         # a CONTROL write registers its strobes (one cycle each): the sequencer and the
         # counters act on them in the next cycle
-        start_train = Signal()
-        start_infer = Signal()
-        m.d.sync += [start_train.eq(0), start_infer.eq(0), clear_counters.eq(0)]
-        cmd_pending = Signal()
+        start_train, start_infer = regs.start_train, regs.start_infer
+        m.d.comb += regs.busy.eq(busy)
 
         # ---------------------------------------------------------------- bus slave
+        # the "regs" region is the register bank's; the memory regions are decoded here
         region = bus.addr[spec.REGION_BITS:]
         offset = bus.addr[:spec.REGION_BITS]
         regions = {name: base >> spec.REGION_BITS for name, (base, _) in spec.ADDRESS_MAP.items()
                    if base >> spec.REGION_BITS}
-        reg_off = bus.addr[:12]
-        code = {k: v for k, v in spec.LINK_STATUS.items()}
-        bus_phase = Signal(3)        # sub-steps of multi-cycle accesses
-        bus_rdata = Signal(32)
-        ro_values = {
-            "id": spec.ENGINE_ID, "version": spec.ENGINE_VERSION, "lanes": P,
-            "weight_words": bld.weight_words, "act_bytes": bld.act_bytes,
-            "grad_words": bld.grad_words, "scratch_entries": bld.scratch_entries,
-            "max_batch": bld.max_batch, "max_layers": L, "max_width": bld.max_width,
-            "counters": len(spec.COUNTERS), "features": bld.feature_mask(),
-        }
-        rw_regs = {"batch": batch, "layers": n_layers, "update_mask": update_mask,
-                   "lr_shift": lr_shift, "flags": flags, "psg_tau": psg_tau,
-                   "psg_step_shift": psg_step, "keep_q8": keep_q8, "lfsr_seed": lfsr_seed}
-        # a descriptor access: word and field from the register offset, the value masked to
-        # the field's width
-        d_field = reg_off[:(spec.LAYER_STRIDE - 1).bit_length()]
-        d_mask = Array(Const((1 << field_bits[f]) - 1, len(d_wr.data))
-                       for f in spec.LAYER_FIELDS)[d_field]
-        m.d.comb += [d_wr.addr.eq(reg_off - spec.LAYER_BASE),
-                     d_wr.data.eq(bus.w_data & d_mask)]
-        desc_loading = Signal()             # the sequencer has the read port (DESC_*)
-        bus_d_addr = Signal.like(d_rd.addr)
-        m.d.comb += bus_d_addr.eq(reg_off - spec.LAYER_BASE)
-
-        def descriptor(l, fname):
-            """A layer descriptor field: written only while no command runs; a read waits
-            for the sequencer's descriptor loads and takes a cycle."""
-            with m.If(wr):
-                with m.If(busy):
-                    m.d.comb += err("busy")
-                with m.Else():
-                    m.d.comb += [d_wr.en.eq(1), ack()]
-                    if (l, fname) == (0, "inputs"):
-                        m.d.sync += [inputs0.eq(bus.w_data), limit_start.eq(1)]
-            with m.Else():
-                with m.Switch(bus_phase):
-                    with m.Case(0):
-                        with m.If(~desc_loading):
-                            m.d.sync += bus_phase.eq(1)
-                    with m.Default():
-                        m.d.comb += ack(d_rd.data)
-                        m.d.sync += bus_phase.eq(0)
+        code = spec.LINK_STATUS
+        bus_phase = Signal(2)        # sub-steps of multi-cycle accesses
+        bus_rdata = Signal(spec.LABEL_BITS)
+        desc_loading = Signal()             # the sequencer has the descriptor read port
+        desc_addr = Signal.like(regs.desc_addr)
+        m.d.comb += [regs.desc_loading.eq(desc_loading), regs.desc_addr.eq(desc_addr),
+                     counters.read_req.eq(regs.counter_req),
+                     counters.read_index.eq(regs.counter_index),
+                     regs.counter_valid.eq(counters.read_valid),
+                     regs.counter_data.eq(counters.read_data)]
 
         # the answer to an access is registered: decided in one cycle (answer_*), on the bus
         # in the next, so that no path runs from the master's address through the decoding
@@ -276,26 +229,13 @@ class EngineCore(wiring.Component):
         def err(name):
             return [answer_err.eq(1), answer_data.eq(code[name])]
 
-        def setting(sig, sets_limit=False):
-            """A read-write setting: written only while no command runs. `sets_limit`: a
-            factor of the activation region's write limit."""
-            with m.If(wr):
-                with m.If(busy):
-                    m.d.comb += err("busy")
-                with m.Else():
-                    if not isinstance(sig, Const):      # (a setting the build leaves out)
-                        m.d.sync += sig.eq(bus.w_data)
-                    if sets_limit:
-                        m.d.sync += limit_start.eq(1)
-                    m.d.comb += ack()
-            with m.Else():
-                m.d.comb += ack(sig)
-
         # the master drops its strobe in the cycle after the answer (bus contract); the answer
         # is on the bus a cycle after it is decided, and in that cycle the access is over
         active = Signal()
         m.d.comb += active.eq((bus.w_stb | bus.r_stb) & ~bus.ack & ~bus.err)
         wr = bus.w_stb
+        m.d.comb += [regs.sel.eq(active & (region == 0)), regs.addr.eq(offset),
+                     regs.write.eq(wr), regs.w_data.eq(bus.w_data)]
         # memory ports driven by the bus when idle (the sequencer owns them when busy)
         bus_w_addr = Signal.like(w_rd.addr)
         bus_w_rd = Signal()                 # the bus reads a weight word (w_rd.en when idle)
@@ -310,67 +250,8 @@ class EngineCore(wiring.Component):
         with m.If(active):
             with m.Switch(region):
                 with m.Case(0):
-                    with m.If(bus.addr[12:spec.REGION_BITS] == 0):
-                        # registers
-                        with m.Switch(reg_off):
-                            for name, (off, mode) in spec.REGISTERS.items():
-                                with m.Case(off):
-                                    if mode == "ro":
-                                        if name == "status":
-                                            m.d.comb += ack(busy)
-                                        elif name == "correct":
-                                            m.d.comb += ack(correct)
-                                        else:
-                                            m.d.comb += ack(ro_values[name])
-                                    elif mode == "wo":
-                                        # a train or infer command is answered when it
-                                        # has finished, so the host never polls and every
-                                        # backend sees the same link traffic
-                                        with m.If(wr):
-                                            with m.If(cmd_pending):
-                                                with m.If(~busy & ~start_train &
-                                                          ~start_infer):
-                                                    m.d.comb += ack()
-                                                    m.d.sync += cmd_pending.eq(0)
-                                            with m.Elif(busy):
-                                                m.d.comb += err("busy")
-                                            with m.Else():
-                                                m.d.sync += [
-                                                    start_train.eq(bus.w_data[0]),
-                                                    start_infer.eq(bus.w_data[1]),
-                                                    clear_counters.eq(bus.w_data[2]),
-                                                ]
-                                                with m.If(bus.w_data[:2] != 0):
-                                                    m.d.sync += cmd_pending.eq(1)
-                                                with m.Else():
-                                                    m.d.comb += ack()
-                                        with m.Else():
-                                            m.d.comb += ack(0)
-                                    else:
-                                        setting(rw_regs[name], name == "batch")
-                            for l in range(L):
-                                for f, fname in enumerate(spec.LAYER_FIELDS):
-                                    with m.Case(spec.LAYER_BASE + l * spec.LAYER_STRIDE + f):
-                                        descriptor(l, fname)
-                            with m.Default():
-                                m.d.comb += err("out_of_range")
-                    with m.Elif(bus.addr[12:spec.REGION_BITS] == 1):
-                        # counters: 2 words each (low 32 bits, high bits); read only
-                        idx = bus.addr[1:12]
-                        with m.If(wr):
-                            m.d.comb += err("out_of_range")
-                        with m.Else():
-                            with m.If(idx >= len(spec.COUNTERS)):
-                                m.d.comb += err("out_of_range")
-                            with m.Else():
-                                m.d.comb += [counters.read_req.eq(1),
-                                             counters.read_index.eq(idx)]
-                                with m.If(counters.read_valid):
-                                    m.d.comb += ack(Mux(bus.addr[0],
-                                                        counters.read_data[32:],
-                                                        counters.read_data[:32]))
-                    with m.Else():
-                        m.d.comb += err("out_of_range")
+                    m.d.comb += [answer_ack.eq(regs.ack), answer_err.eq(regs.err),
+                                 answer_data.eq(regs.data)]
                 with m.Case(regions["weights"]):
                     # two lanes per bus word; word = offset*2 // P
                     word = offset[LOGP - 1:]
@@ -415,7 +296,7 @@ class EngineCore(wiring.Component):
                     with m.Elif(wr):
                         with m.If(byte < mul.product):
                             m.d.comb += [a_wr.addr.eq(byte), a_wr.en.eq(1),
-                                         a_wr.data.eq(bus.w_data.word_select(bus_a_byte, 8)),
+                                         a_wr.data.eq(bus.w_data.word_select(bus_a_byte, spec.ACT_BITS)),
                                          count("act_writes")]
                         m.d.sync += bus_a_byte.eq(bus_a_byte + 1)
                         with m.If(bus_a_byte == 3):
@@ -431,25 +312,26 @@ class EngineCore(wiring.Component):
                         m.d.comb += err("busy")
                     with m.Elif(wr & (region == regions["labels"])):
                         m.d.comb += [l_wr.addr.eq(idx | bus_a_byte[0]), l_wr.en.eq(1),
-                                     l_wr.data.eq(bus.w_data.word_select(bus_a_byte[0], 16))]
+                                     l_wr.data.eq(bus.w_data.word_select(bus_a_byte[0],
+                                                                         spec.LABEL_BITS))]
                         m.d.sync += bus_a_byte.eq(Mux(bus_a_byte[0], 0, 1))
                         with m.If(bus_a_byte[0]):
                             m.d.comb += ack()
                     with m.Elif(wr):
                         m.d.comb += err("bad_value")
                     with m.Else():
-                        # two reads of 16 bits, one cycle of latency each
+                        # two reads of a label or prediction, one cycle of latency each
                         m.d.comb += [l_rd.addr.eq(idx | bus_phase[1]),
                                      p_rd.addr.eq(idx | bus_phase[1])]
                         with m.Switch(bus_phase):
                             with m.Case(0):
                                 m.d.sync += bus_phase.eq(1)
                             with m.Case(1):
-                                m.d.sync += [bus_rdata[:16].eq(mem_rd), bus_phase.eq(2)]
+                                m.d.sync += [bus_rdata.eq(mem_rd), bus_phase.eq(2)]
                             with m.Case(2):
                                 m.d.sync += bus_phase.eq(3)
                             with m.Case(3):
-                                m.d.comb += ack(Cat(bus_rdata[:16], mem_rd))
+                                m.d.comb += ack(Cat(bus_rdata, mem_rd))
                                 m.d.sync += bus_phase.eq(0)
                 with m.Default():
                     m.d.comb += err("out_of_range")
@@ -475,9 +357,6 @@ class EngineCore(wiring.Component):
         nb, nb_below = Signal(WIDTH), Signal(WIDTH)
         last_layer = Signal()
         m.d.comb += last_layer.eq(l == n_layers - 1)
-        # the read port: the bus's when no load runs
-        with m.If(~desc_loading):
-            m.d.comb += d_rd.addr.eq(bus_d_addr)
         half = bld.grad_words // 2
         cur_half = Signal()                 # which half of gmem holds the current dY
         gbase = Signal(_bits(bld.grad_words))
@@ -501,19 +380,22 @@ class EngineCore(wiring.Component):
         # each phase chooses the lanes' operands (mul_a, mul_b); they are registered (op_a,
         # op_b) before the multiplier, so that a memory read, the operand choice and a multiply
         # are not one path: products reach prod_r two cycles after their operands are chosen
-        mul_a = [Signal(signed(16), name=f"mul_a{i}") for i in range(P)]
-        mul_b = [Signal(signed(16), name=f"mul_b{i}") for i in range(P)]
-        op_a = [Signal(signed(16), name=f"op_a{i}", reset_less=True) for i in range(P)]
-        op_b = [Signal(signed(16), name=f"op_b{i}", reset_less=True) for i in range(P)]
-        prod = [Signal(signed(32), name=f"prod{i}") for i in range(P)]
+        # (operands: a weight or dY, and an activation or dY; signed)
+        OPND = max(W, spec.GRAD_BITS, spec.ACT_BITS + 1)
+        mul_a = [Signal(signed(OPND), name=f"mul_a{i}") for i in range(P)]
+        mul_b = [Signal(signed(OPND), name=f"mul_b{i}") for i in range(P)]
+        op_a = [Signal(signed(OPND), name=f"op_a{i}", reset_less=True) for i in range(P)]
+        op_b = [Signal(signed(OPND), name=f"op_b{i}", reset_less=True) for i in range(P)]
+        prod = [Signal(signed(2 * OPND), name=f"prod{i}") for i in range(P)]
         for i in range(P):
             m.d.comb += prod[i].eq(op_a[i] * op_b[i])
         w_lane = [w_rd.data.word_select(i, W).as_signed() for i in range(P)]
-        g_lane = [g_rd.data.word_select(i, 16).as_signed() for i in range(P)]
+        g_lane = [g_rd.data.word_select(i, spec.GRAD_BITS).as_signed() for i in range(P)]
         # gradient memory writes are one lane at a time (loss unit, dX requantizer, logits):
         # one 16-bit value goes to every lane and the lane's write enable picks it (so the
         # writers' multiplexer is 16 bits wide, not P * 16)
-        g_wr_value = Signal(16)
+        assert spec.LOGIT_BITS == spec.GRAD_BITS, "logits and dY share the gradient memory"
+        g_wr_value = Signal(spec.GRAD_BITS)
         g_wr_lane = Signal(range(P))
         g_wr_on = Signal()
         m.d.comb += [g_wr.data.eq(g_wr_value.replicate(P)),
@@ -526,13 +408,13 @@ class EngineCore(wiring.Component):
         # forward and weight-gradient loops: stage 2 chooses the operands (m2: registered
         # operands), stage 3 has the registered products (m3), accumulated into the lanes of
         # m3_gate; the m2 flags follow into m3 every cycle unless a state sets them
-        prod_r = [Signal(signed(32), name=f"prod_r{i}", reset_less=True) for i in range(P)]
+        prod_r = [Signal(signed(2 * OPND), name=f"prod_r{i}", reset_less=True) for i in range(P)]
         m2_valid, m2_last, m2_gate = Signal(), Signal(), Signal(P)
         m3_valid, m3_last = Signal(), Signal()
         m3_gate = Signal(P)
         m.d.sync += [m3_valid.eq(m2_valid), m3_last.eq(m2_last), m3_gate.eq(m2_gate)]
         ig_keep = Signal(P)                 # input gradient: the lanes whose products count
-        s2_act = Signal(8)
+        s2_act = Signal(spec.ACT_BITS)
         # the lanes' registers are stepped in one place (end of elaborate) by these strobes
         acc_clear = Signal()                # accumulators to 0
         acc_zero = Signal(P)                # these lanes' accumulators to 0
@@ -559,7 +441,9 @@ class EngineCore(wiring.Component):
         dx_acc = Signal(signed(DACC))
         dx_max = Signal(spec.DX_BITS)
         dx_shift = Signal(range(spec.DX_SHIFT_MAX + 1))
-        correction = Signal(signed(12))
+        # the update shift's correction: WEIGHT_FRAC_BITS - dx_shift for each layer above
+        correction = Signal(range(-(L - 1) * max(0, spec.DX_SHIFT_MAX - spec.WEIGHT_FRAC_BITS),
+                                  (L - 1) * spec.WEIGHT_FRAC_BITS + 1))
         keep = Signal(WIDTH)
         batch_k = Signal(BATCH + WIDTH)     # batch * K of the current layer
         do_wgrad, do_igrad = Signal(), Signal()
@@ -585,12 +469,12 @@ class EngineCore(wiring.Component):
         up = Signal(range(P + 1))
         # the forward writeback unit's copy of one block (it shares the u_src registers)
         wb_busy, wb_last = Signal(), Signal()
-        wb_shift = Signal(5)
+        wb_shift = Signal(field_bits["shift"])
         wb_lanes = Signal(P)
         wb_act = Signal.like(abase)
         wb_word = Signal(_bits(bld.grad_words))
         wp = Signal(range(P + 1))
-        score = Signal(32)
+        score = Signal(len(sel.score_data) if has_ssprop else 1)
         packed = Signal(P)
 
         kept_dense = Signal(P)              # lanes of block j that exist
@@ -622,12 +506,12 @@ class EngineCore(wiring.Component):
                 m.d.comb += desc_loading.eq(1)
                 fields = [l * spec.LAYER_STRIDE + f for f in range(len(spec.LAYER_FIELDS))]
                 fields.append((l + 1) * spec.LAYER_STRIDE + spec.LAYER_FIELDS.index("act_base"))
-                m.d.comb += d_rd.addr.eq(Array(fields)[desc_step])
-                blocks = (d_rd.data + P - 1) >> LOGP
+                m.d.comb += desc_addr.eq(Array(fields)[desc_step])
+                blocks = (regs.desc_data + P - 1) >> LOGP
                 with m.Switch(desc_step):
                     for i, reg in enumerate(desc_regs):
                         with m.Case(i + 1):
-                            m.d.sync += reg.eq(d_rd.data)
+                            m.d.sync += reg.eq(regs.desc_data)
                             if reg is N:
                                 m.d.sync += nb.eq(blocks)
                             elif reg is K:
@@ -721,11 +605,11 @@ class EngineCore(wiring.Component):
                     m.next = "LOSS_START"
 
             # ---------------- inference: argmax of the logits per sample
-            best = Signal(signed(16))
+            best = Signal(signed(spec.LOGIT_BITS))
             best_n = Signal(WIDTH)
             # the scalar readers of the gradient memory (inference, ssProp scores) register the
             # lane they read (g_pick) before using it
-            g_pick = Signal(signed(16))
+            g_pick = Signal(signed(spec.GRAD_BITS))
             s2_first = Signal()
             s2_index = Signal(WIDTH)
             with m.State("INF_ROW"):
@@ -798,8 +682,8 @@ class EngineCore(wiring.Component):
                 m.d.comb += [mul.start.eq(1), mul.a.eq(keep_q8), mul.b.eq(N)]
                 m.next = "BWD_KEEP"
             with m.State("BWD_KEEP"):
-                # ssProp keeps N * keep_q8 >> 8 channels, at least 1 (all at KEEP_ONE)
-                kept = mul.product >> 8
+                # ssProp keeps N * keep_q8 / KEEP_ONE channels, at least 1 (all at KEEP_ONE)
+                kept = mul.product >> (spec.KEEP_ONE.bit_length() - 1)
                 with m.If(mul.done):
                     if has_ssprop:
                         m.d.sync += keep.eq(Mux(keep_q8 >= spec.KEEP_ONE, N,
@@ -1088,7 +972,7 @@ class EngineCore(wiring.Component):
                     m.d.sync += [s2_valid.eq(s1_valid), s2_live.eq(live1), s2_act.eq(av),
                                  s2_last.eq(s1_last)]
                     # stage 2: multiply
-                    drop = 16 - spec.PSG_GRAD_MSBS
+                    drop = spec.GRAD_BITS - spec.PSG_GRAD_MSBS
                     for i in range(P):
                         if low:
                             # the top bits of the magnitude with the sign: dY / 2**drop
@@ -1097,7 +981,7 @@ class EngineCore(wiring.Component):
                             gi = g_lane[i]
                             hi = gi[drop:].as_signed() + (gi[-1] & (gi[:drop] != 0))
                             m.d.comb += [mul_a[i].eq(hi),
-                                         mul_b[i].eq(s2_act >> (8 - spec.PSG_ACT_MSBS))]
+                                         mul_b[i].eq(s2_act >> (spec.ACT_BITS - spec.PSG_ACT_MSBS))]
                         else:
                             m.d.comb += [mul_a[i].eq(g_lane[i]), mul_b[i].eq(s2_act)]
                         m.d.sync += [m2_valid.eq(s2_valid & s2_live),
@@ -1262,7 +1146,7 @@ class EngineCore(wiring.Component):
                              wb_y_on.eq(wb_b2_on), wb_y_lane.eq(wb_b2_lane)]
                 with m.If(wb_c_valid & wb_y_on):
                     with m.If(wb_last):
-                        logit = clamp_signed(wb_y, 16)
+                        logit = clamp_signed(wb_y, spec.LOGIT_BITS)
                         m.d.comb += [g_wr.addr.eq(wb_word),
                                      g_wr_value.eq(logit), g_wr_on.eq(1),
                                      g_wr_lane.eq(wb_y_lane), count("grad_writes")]
@@ -1327,14 +1211,14 @@ class EngineCore(wiring.Component):
                 m.d.sync += [ub2_old.eq(ua_old), ub2_on.eq(ua_on), ub2_valid.eq(ub_valid),
                              ub2_pos.eq(rq_twice > 0), ub2_neg.eq(rq_twice < 0)]
                 # stage B2: the amount to subtract
-                step = (Const(1, unsigned(16)) << psg_step)[:16]
+                step = (Const(1, unsigned(W)) << psg_step)[:W]
                 sign_step = Mux(ub2_pos, step, 0) - Mux(ub2_neg, step, 0)
                 m.d.sync += [ub_delta.eq(Mux(psg_on, sign_step, clamp_signed(rq_out, DELTA))),
                              ub_old.eq(ub2_old), ub_on.eq(ub2_on), uc_valid.eq(ub2_valid)]
                 # stage C: the new weight, saturated; written only if it changed
                 new = Signal(signed(DELTA + 1))
                 m.d.comb += new.eq(ub_old - ub_delta)
-                newsat = clamp_signed(new, 16)
+                newsat = clamp_signed(new, W)
                 changed = ub_on & (newsat != ub_old)
                 with m.If(uc_valid):
                     m.d.sync += [ud_write.eq(changed), ud_value.eq(newsat[:W]),

@@ -1,0 +1,250 @@
+"""The register bank: the "regs" region of the engine's bus map, generated from spec's tables.
+
+Golden twin: the register half of ``ember.virtual.VirtualEngine`` (its ``read``/``write`` of
+the "regs" region), which the model backend answers the host with; both read the same tables:
+``spec.REGISTERS`` (addresses and access), ``Build.settings()`` and
+``Build.descriptor_fields()`` (each setting's width and legal range on the build).
+
+What it holds, at the word offsets of ``spec.REGISTERS`` and ``spec.LAYER_BASE``:
+
+- the read-only values that describe the build (id, version, lanes, memory sizes, limits,
+  counter count, FEATURES), and STATUS (``busy``) and CORRECT (``correct``) from the sequencer;
+- one register per read-write setting, ``Setting.bits`` wide: a write keeps the low bits of
+  the bus word. A setting of an optional unit the build leaves out has no register: it reads
+  as its ``init`` and a write is answered and dropped (the host writes every setting with
+  each batch, whatever the build). Settings are written only while no command runs
+  (``busy`` answer otherwise);
+- the layer descriptors: field f of layer l in word ``l * LAYER_STRIDE + f`` of a small
+  memory, at the field's width (the low bits of the bus word). A read takes a cycle and
+  waits while the sequencer loads a descriptor (``desc_loading``: it owns the read port
+  then). Layer 0's input count is also kept in a register, ``inputs0``;
+- CONTROL: a write registers ``start_train``, ``start_infer`` and ``clear_counters`` for
+  one cycle. A train or infer command is answered when it has finished (``busy`` low again),
+  so the host never polls and every backend sees the same link traffic;
+- the "counters" window (``spec.ADDRESS_MAP["counters"]``, inside the same bus region): two
+  words per counter, read through ``CounterFile``'s read port.
+
+Ports (all in the sync domain; the bank's answer is combinational: the engine registers it
+before it reaches the bus, see EngineCore):
+
+  sel:            In(1) -- an access to this region is active (held until answered).
+  addr:           In(REGION_BITS) -- the word offset in the region.
+  write, w_data:  In(1), In(32) -- the access is a write of w_data.
+  ack, err, data: Out(1), Out(1), Out(32) -- the answer, in the cycle it is decided: ack
+                  (data: the word read) or err (data: a LINK_STATUS code).
+  settings:       Out(one member per read-write setting, Setting.bits wide).
+  inputs0:        Out -- layer 0's input count.
+  limit_changed:  Out(1) -- batch or layer 0's inputs is written in this cycle (the input
+                  batch's size, the activation region's write limit, changes).
+  busy:           In(1) -- a command runs; correct: In -- CORRECT's value.
+  start_train, start_infer, clear_counters: Out(1) -- registered, one cycle each.
+  desc_loading, desc_addr: In -- the sequencer reads descriptor word desc_addr;
+  desc_data:      Out -- the word, the cycle after.
+  counter_req, counter_index: Out -- a counter read (hold until counter_valid);
+  counter_valid, counter_data: In.
+"""
+
+from amaranth import Array, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ember import spec
+
+#: Word offset bits of the register file inside the "regs" region (and of the counters window,
+#: the next 2**REG_OFFSET_BITS words).
+REG_OFFSET_BITS = (spec.ADDRESS_MAP["regs"][1] - 1).bit_length()
+assert spec.ADDRESS_MAP["counters"] == (spec.ADDRESS_MAP["regs"][0] + (1 << REG_OFFSET_BITS),
+                                        1 << REG_OFFSET_BITS)
+
+
+def read_only_values(build):
+    """The value of each read-only register of `build` that describes it (not STATUS nor
+    CORRECT, which the engine drives)."""
+    return {
+        "id": spec.ENGINE_ID, "version": spec.ENGINE_VERSION, "lanes": build.lanes,
+        "weight_words": build.weight_words, "act_bytes": build.act_bytes,
+        "grad_words": build.grad_words, "scratch_entries": build.scratch_entries,
+        "max_batch": build.max_batch, "max_layers": build.max_layers,
+        "max_width": build.max_width, "counters": len(spec.COUNTERS),
+        "features": build.feature_mask(),
+    }
+
+
+class RegisterBank(wiring.Component):
+    """The engine's registers, descriptors, CONTROL and counter window (module docstring).
+
+    build: spec.Build -- sizes every register and the descriptor memory.
+
+    Attribute ``settings_table``: build.settings(), ``fields``: build.descriptor_fields().
+    """
+
+    def __init__(self, build=spec.DEFAULT_BUILD):
+        self.build = build
+        self.settings_table = build.settings()
+        self.fields = build.descriptor_fields()
+        self.desc_depth = (build.max_layers + 1) * spec.LAYER_STRIDE
+        self.desc_bits = max(f.bits for f in self.fields.values())
+        settings = wiring.Signature({name: Out(s.bits, init=s.init)
+                                     for name, s in self.settings_table.items()})
+        super().__init__({
+            "sel": In(1),
+            "addr": In(spec.REGION_BITS),
+            "write": In(1),
+            "w_data": In(spec.BUS_DATA_BITS),
+            "ack": Out(1),
+            "err": Out(1),
+            "data": Out(spec.BUS_DATA_BITS),
+            "settings": Out(settings),
+            "inputs0": Out(self.fields["inputs"].bits),
+            "limit_changed": Out(1),
+            "busy": In(1),
+            "correct": In(self.settings_table["batch"].bits),
+            "start_train": Out(1),
+            "start_infer": Out(1),
+            "clear_counters": Out(1),
+            "desc_loading": In(1),
+            "desc_addr": In(range(self.desc_depth)),
+            "desc_data": Out(self.desc_bits),
+            "counter_req": Out(1),
+            "counter_index": Out(range(len(spec.COUNTERS))),
+            "counter_valid": In(1),
+            "counter_data": In(spec.COUNTER_BITS),
+        })
+
+    def has_register(self, name):
+        """True if the build has a register for setting `name` (its unit is built)."""
+        feature = self.settings_table[name].feature
+        return feature is None or feature in self.build.features
+
+    def elaborate(self, platform):
+        m = Module()
+        reg_off = self.addr[:REG_OFFSET_BITS]
+        window = self.addr[REG_OFFSET_BITS:]
+        write = self.write
+        code = spec.LINK_STATUS
+
+        def ack(data=None):
+            stmts = [self.ack.eq(1)]
+            if data is not None:
+                stmts.append(self.data.eq(data))
+            return stmts
+
+        def err(name):
+            return [self.err.eq(1), self.data.eq(code[name])]
+
+        # the settings' registers (a left-out unit's setting is its init, constantly)
+        regs = {}
+        for name, s in self.settings_table.items():
+            port = getattr(self.settings, name)
+            if self.has_register(name):
+                regs[name] = Signal(s.bits, init=s.init, name=f"reg_{name}")
+                m.d.comb += port.eq(regs[name])
+            else:
+                m.d.comb += port.eq(s.init)
+        inputs0 = Signal.like(self.inputs0)
+        m.d.comb += self.inputs0.eq(inputs0)
+
+        # the descriptor memory: the bus writes it, the bus and the sequencer read it
+        m.submodules.dmem = dmem = Memory(shape=self.desc_bits, depth=self.desc_depth, init=[])
+        d_rd, d_wr = dmem.read_port(), dmem.write_port()
+        d_field = reg_off[:(spec.LAYER_STRIDE - 1).bit_length()]
+        d_mask = Array(Const((1 << self.fields[f].bits) - 1, self.desc_bits)
+                       for f in spec.LAYER_FIELDS)[d_field]
+        m.d.comb += [d_wr.addr.eq(reg_off - spec.LAYER_BASE), d_wr.data.eq(self.w_data & d_mask),
+                     d_rd.addr.eq(Mux(self.desc_loading, self.desc_addr,
+                                      reg_off - spec.LAYER_BASE)),
+                     self.desc_data.eq(d_rd.data)]
+        desc_phase = Signal()               # a descriptor read: address, then data
+
+        # CONTROL: registered strobes; cmd_pending until the command's answer
+        cmd_pending = Signal()
+        m.d.sync += [self.start_train.eq(0), self.start_infer.eq(0), self.clear_counters.eq(0)]
+
+        def setting(name):
+            """A read-write setting: written only while no command runs."""
+            with m.If(write):
+                with m.If(self.busy):
+                    m.d.comb += err("busy")
+                with m.Else():
+                    if name in regs:
+                        m.d.sync += regs[name].eq(self.w_data)
+                    if name == "batch":
+                        m.d.comb += self.limit_changed.eq(1)
+                    m.d.comb += ack()
+            with m.Else():
+                m.d.comb += ack(getattr(self.settings, name))
+
+        def control():
+            with m.If(write):
+                with m.If(cmd_pending):
+                    with m.If(~self.busy & ~self.start_train & ~self.start_infer):
+                        m.d.comb += ack()
+                        m.d.sync += cmd_pending.eq(0)
+                with m.Elif(self.busy):
+                    m.d.comb += err("busy")
+                with m.Else():
+                    m.d.sync += [self.start_train.eq(self.w_data[0]),
+                                 self.start_infer.eq(self.w_data[1]),
+                                 self.clear_counters.eq(self.w_data[2])]
+                    with m.If(self.w_data[:2] != 0):
+                        m.d.sync += cmd_pending.eq(1)
+                    with m.Else():
+                        m.d.comb += ack()
+            with m.Else():
+                m.d.comb += ack(0)
+
+        def descriptor(layer, fname):
+            """A layer descriptor field: written only while no command runs; a read waits
+            for the sequencer's descriptor loads and takes a cycle."""
+            with m.If(write):
+                with m.If(self.busy):
+                    m.d.comb += err("busy")
+                with m.Else():
+                    m.d.comb += [d_wr.en.eq(1), ack()]
+                    if (layer, fname) == (0, "inputs"):
+                        m.d.sync += inputs0.eq(self.w_data)
+                        m.d.comb += self.limit_changed.eq(1)
+            with m.Else():
+                with m.If(~desc_phase):
+                    with m.If(~self.desc_loading):
+                        m.d.sync += desc_phase.eq(1)
+                with m.Else():
+                    m.d.comb += ack(d_rd.data)
+                    m.d.sync += desc_phase.eq(0)
+
+        ro_values = read_only_values(self.build)
+        with m.If(self.sel):
+            with m.If(window == 0):
+                with m.Switch(reg_off):
+                    for name, (off, mode) in spec.REGISTERS.items():
+                        with m.Case(off):
+                            if mode == "ro":
+                                value = {"status": self.busy, "correct": self.correct}.get(
+                                    name, ro_values.get(name))
+                                m.d.comb += ack(value)
+                            elif mode == "wo":
+                                control()
+                            else:
+                                setting(name)
+                    for layer in range(self.build.max_layers):
+                        for f, fname in enumerate(spec.LAYER_FIELDS):
+                            with m.Case(spec.LAYER_BASE + layer * spec.LAYER_STRIDE + f):
+                                descriptor(layer, fname)
+                    with m.Default():
+                        m.d.comb += err("out_of_range")
+            with m.Elif(window == 1):
+                # counters: 2 words each (low 32 bits, high bits); read only
+                idx = self.addr[1:REG_OFFSET_BITS]
+                with m.If(write):
+                    m.d.comb += err("out_of_range")
+                with m.Elif(idx >= len(spec.COUNTERS)):
+                    m.d.comb += err("out_of_range")
+                with m.Else():
+                    m.d.comb += [self.counter_req.eq(1), self.counter_index.eq(idx)]
+                    with m.If(self.counter_valid):
+                        m.d.comb += ack(Mux(self.addr[0], self.counter_data[32:],
+                                            self.counter_data[:32]))
+            with m.Else():
+                m.d.comb += err("out_of_range")
+        return m
