@@ -73,12 +73,17 @@ def lane_multiplier_sites(lanes):
     return sites
 
 
+#: The prefix of the MAC lanes' cells: EngineCore's submodule "lanes" (ember_hw.lanes.MacLanes).
+LANE_CELLS = ENGINE_CORE_CELLS + "lanes."
+
+
 def floorplan_script(lanes):
     """Yosys commands (run after synth_ecp5) that fix lane i's multiplier, the MULT18X18D
-    named after the lane's product signal ``prod<i>`` (ember_hw.engine), to its site."""
+    named after the lane's product signal ``prod<i>`` (ember_hw.lanes.MacLanes), to its
+    site."""
     commands = []
     for lane, site in enumerate(lane_multiplier_sites(lanes)):
-        cell = f"top/c:{ENGINE_CORE_CELLS}prod{lane}_MULT18X18D*"
+        cell = f"top/c:{LANE_CELLS}prod{lane}_MULT18X18D*"
         commands += [f"select -assert-count 1 {cell}", f'setattr -set BEL "{site}" {cell}']
     return commands
 

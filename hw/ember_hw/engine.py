@@ -42,11 +42,13 @@ from .arith import (RoundingShifter, clamp_byte, clamp_signed, clamp_symmetric, 
 from .bus import BusSignature
 from .counters import CounterFile
 from .lanemem import LaneMemory
+from .lanes import MacLanes
 from .regbank import RegisterBank
 from .loss import SoftmaxGradUnit
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
 from .weights import WeightMemory
+from .writeback import ForwardWriteback
 
 
 def _bits(n):
@@ -376,19 +378,16 @@ class EngineCore(wiring.Component):
         # accumulators as wide as this build's largest sums (spec.Build.*_bits)
         LACC, DACC, PRED = bld.lane_acc_bits(), bld.dx_acc_bits(), bld.pred_bits()
         assert PRED <= LACC, "the PSG prediction is accumulated in the lane accumulators"
-        acc = [Signal(signed(LACC), name=f"acc{i}", reset_less=True) for i in range(P)]
-        # each phase chooses the lanes' operands (mul_a, mul_b); they are registered (op_a,
-        # op_b) before the multiplier, so that a memory read, the operand choice and a multiply
-        # are not one path: products reach prod_r two cycles after their operands are chosen
-        # (operands: a weight or dY, and an activation or dY; signed)
+        # each phase chooses the lanes' operands (mul_a, mul_b); the lanes (ember_hw.lanes)
+        # register them before the multiplier, so that a memory read, the operand choice and a
+        # multiply are not one path: products reach prod_r two cycles after their operands are
+        # chosen (operands: a weight or dY, and an activation or dY; signed)
         OPND = max(W, spec.GRAD_BITS, spec.ACT_BITS + 1)
+        m.submodules.lanes = lanes = MacLanes(P, OPND, LACC)
+        acc = [lanes.accumulator(i) for i in range(P)]
+        prod_r = [lanes.product(i) for i in range(P)]
         mul_a = [Signal(signed(OPND), name=f"mul_a{i}") for i in range(P)]
         mul_b = [Signal(signed(OPND), name=f"mul_b{i}") for i in range(P)]
-        op_a = [Signal(signed(OPND), name=f"op_a{i}", reset_less=True) for i in range(P)]
-        op_b = [Signal(signed(OPND), name=f"op_b{i}", reset_less=True) for i in range(P)]
-        prod = [Signal(signed(2 * OPND), name=f"prod{i}") for i in range(P)]
-        for i in range(P):
-            m.d.comb += prod[i].eq(op_a[i] * op_b[i])
         w_lane = [w_rd.data.word_select(i, W).as_signed() for i in range(P)]
         g_lane = [g_rd.data.word_select(i, spec.GRAD_BITS).as_signed() for i in range(P)]
         # gradient memory writes are one lane at a time (loss unit, dX requantizer, logits):
@@ -408,7 +407,6 @@ class EngineCore(wiring.Component):
         # forward and weight-gradient loops: stage 2 chooses the operands (m2: registered
         # operands), stage 3 has the registered products (m3), accumulated into the lanes of
         # m3_gate; the m2 flags follow into m3 every cycle unless a state sets them
-        prod_r = [Signal(signed(2 * OPND), name=f"prod_r{i}", reset_less=True) for i in range(P)]
         m2_valid, m2_last, m2_gate = Signal(), Signal(), Signal(P)
         m3_valid, m3_last = Signal(), Signal()
         m3_gate = Signal(P)
@@ -419,15 +417,15 @@ class EngineCore(wiring.Component):
         acc_clear = Signal()                # accumulators to 0
         acc_zero = Signal(P)                # these lanes' accumulators to 0
         acc_add = Signal()                  # acc += prod_r in the lanes of m3_gate
-        u_load = Signal()                   # u_src <- acc
-        u_shift_down = Signal()             # u_src[i] <- u_src[i + 1]: the head lane was taken
+        u_load = Signal()                   # the lanes' snapshot <- acc (MacLanes.snap)
+        u_shift_down = Signal()             # the snapshot moves down a lane: its head was taken
         lanes_on = Signal(P)                # kept lanes of the current block
         s1_lanes = Signal(P)
 
         # one rounding shifter (round_shift), shared by the three units that requantize and
         # never run at the same time: the forward writeback (W_LANE), the dX requantizer
         # (REQ_RUN) and the update unit (U_LANE). The writeback and update units take the
-        # head lane of u_src (rq_take_head, with their shift in rq_head_shift), the
+        # head lane of the lanes' snapshot (rq_take_head, with their shift in rq_head_shift), the
         # requantizer a dX entry (rq_take_dx). Two register stages (ember_hw.arith): rq_twice
         # has round_shift_twice(value) (its sign is the value's) the cycle after the take,
         # rq_out the rounded value two cycles after it
@@ -460,20 +458,17 @@ class EngineCore(wiring.Component):
         uncertain = Signal(P)
         # the update unit's copy of one (j, k): gradient sources, kept lanes, address, shift
         u_busy = Signal()
-        u_src = [Signal(signed(LACC), name=f"u_src{i}", reset_less=True) for i in range(P)]
         u_lanes = Signal(P)
         u_addr = Signal.like(wbase)
         u_shift = Signal(range(spec.UPDATE_SHIFT_MAX + 1))
         u_skip = Signal(P)                  # PSG: confident lanes (their full MACs skipped)
         u_live = Signal(BATCH)              # PSG: live samples of the low pass
         up = Signal(range(P + 1))
-        # the forward writeback unit's copy of one block (it shares the u_src registers)
-        wb_busy, wb_last = Signal(), Signal()
-        wb_shift = Signal(field_bits["shift"])
-        wb_lanes = Signal(P)
-        wb_act = Signal.like(abase)
-        wb_word = Signal(_bits(bld.grad_words))
-        wp = Signal(range(P + 1))
+        # the forward writeback unit (it takes the lanes' snapshot a lane a cycle)
+        m.submodules.writeback = wb = ForwardWriteback(
+            P, LACC, act_addr_bits=len(abase), grad_addr_bits=_bits(bld.grad_words),
+            shift_bits=len(shift))
+        wb_busy = wb.busy
         score = Signal(len(sel.score_data) if has_ssprop else 1)
         packed = Signal(P)
 
@@ -573,10 +568,10 @@ class EngineCore(wiring.Component):
                 # the writeback unit requantizes and writes this block while the next block
                 # accumulates; the next layer (which reads these outputs) and the loss wait
                 with m.If(~wb_busy):
-                    m.d.sync += [wb_busy.eq(1), wb_last.eq(last_layer), wb_shift.eq(shift),
-                                 wb_lanes.eq(kept_dense),
-                                 wb_act.eq(o_row + (j << LOGP)),
-                                 wb_word.eq(g_row + j)]
+                    m.d.comb += [wb.start.eq(1), wb.last.eq(last_layer), wb.shift.eq(shift),
+                                 wb.lanes_on.eq(kept_dense),
+                                 wb.act_addr.eq(o_row + (j << LOGP)),
+                                 wb.grad_word.eq(g_row + j)]
                     m.d.comb += u_load.eq(1)
                     with m.If(j + 1 < nb):
                         m.d.sync += [j.eq(j + 1), w_row.eq(w_row + K)]
@@ -1120,48 +1115,22 @@ class EngineCore(wiring.Component):
                 m.d.sync += dx_max.eq(mag)
 
         # ---------------------------------------------------------------- writeback unit
-        # forward outputs of one block, one lane per cycle through the requantizer: ReLU and
-        # UQ2.6 bytes into the activation memory, or Q7.8 logits into the gradient memory.
-        # Stage A takes the lane at the head of u_src (which shifts down one lane per cycle,
-        # so no P-way multiplexer) into the shifter, stages B1 and B2 shift and round it,
-        # stage C saturates and writes.
-        wb_y = Signal(signed(LACC + 1))
-        wb_head_on, wb_b2_on, wb_y_on = Signal(), Signal(), Signal()
-        wb_head_lane, wb_b2_lane, wb_y_lane = (Signal(range(P)) for _ in range(3))
-        wb_b_valid, wb_b2_valid, wb_c_valid = Signal(), Signal(), Signal()
-        with m.FSM(name="writeback"):
-            with m.State("W_IDLE"):
-                m.d.sync += [wp.eq(0), wb_b_valid.eq(0), wb_b2_valid.eq(0), wb_c_valid.eq(0)]
-                with m.If(wb_busy):
-                    m.next = "W_LANE"
-            with m.State("W_LANE"):
-                with m.If(wp < P):
-                    m.d.sync += [wb_head_on.eq(wb_lanes[0]),
-                                 wb_head_lane.eq(wp), wb_lanes.eq(wb_lanes >> 1), wp.eq(wp + 1)]
-                    m.d.comb += [u_shift_down.eq(1), rq_take_head.eq(1),
-                                 rq_head_shift.eq(wb_shift)]
-                m.d.sync += [wb_b_valid.eq(wp < P), wb_b2_valid.eq(wb_b_valid),
-                             wb_c_valid.eq(wb_b2_valid), wb_y.eq(rq_out),
-                             wb_b2_on.eq(wb_head_on), wb_b2_lane.eq(wb_head_lane),
-                             wb_y_on.eq(wb_b2_on), wb_y_lane.eq(wb_b2_lane)]
-                with m.If(wb_c_valid & wb_y_on):
-                    with m.If(wb_last):
-                        logit = clamp_signed(wb_y, spec.LOGIT_BITS)
-                        m.d.comb += [g_wr.addr.eq(wb_word),
-                                     g_wr_value.eq(logit), g_wr_on.eq(1),
-                                     g_wr_lane.eq(wb_y_lane), count("grad_writes")]
-                    with m.Else():
-                        m.d.comb += [a_wr.addr.eq(wb_act + wb_y_lane),
-                                     a_wr.data.eq(clamp_byte(wb_y)), a_wr.en.eq(1),
-                                     count("act_writes")]
-                with m.If((wp == P) & ~wb_b_valid & ~wb_b2_valid):
-                    m.d.sync += wb_busy.eq(0)
-                    m.next = "W_IDLE"
+        # forward outputs of one block, a lane a cycle through the shared shifter: UQ2.6 bytes
+        # into the activation memory, or Q7.8 logits into the gradient memory
+        m.d.comb += wb.rounded.eq(rq_out)
+        with m.If(wb.take):
+            m.d.comb += [u_shift_down.eq(1), rq_take_head.eq(1), rq_head_shift.eq(wb.take_shift)]
+        with m.If(wb.grad_wr_en):
+            m.d.comb += [g_wr.addr.eq(wb.grad_wr_word), g_wr_value.eq(wb.grad_wr_value),
+                         g_wr_on.eq(1), g_wr_lane.eq(wb.grad_wr_lane), count("grad_writes")]
+        with m.If(wb.act_wr_en):
+            m.d.comb += [a_wr.addr.eq(wb.act_wr_addr), a_wr.data.eq(wb.act_wr_data),
+                         a_wr.en.eq(1), count("act_writes")]
 
         # ---------------------------------------------------------------- update unit
         # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), one lane per
         # cycle through one shared shifter; only changed lanes are written. Stage A takes the
-        # head lane of u_src and of the weight word (both shift down a lane per cycle), stages
+        # head lane of the lanes' snapshot and of the weight word (both shift down a lane per cycle), stages
         # B1 and B2 shift and round the gradient (or take the PSG step, by the gradient's
         # sign), stage C subtracts and saturates, and stage D writes the new weight into its
         # lane if it changed (the weight memory is written a lane at a time; nothing reads it
@@ -1232,35 +1201,23 @@ class EngineCore(wiring.Component):
 
         # ---------------------------------------------------------------- shifter input
         m.d.comb += [shifter.en.eq(rq_take_dx | rq_take_head),
-                     shifter.value.eq(Mux(rq_take_dx, s_rd.data, u_src[0])),
+                     shifter.value.eq(Mux(rq_take_dx, s_rd.data, lanes.head)),
                      shifter.shift.eq(Mux(rq_take_dx, dx_shift, rq_head_shift))]
 
-        # ---------------------------------------------------------------- lane registers
-        # every phase registers the lanes' operands and products. The input-gradient pass
-        # zeroes the operand of each lane whose product does not count (ig_keep), so that its
-        # adder tree sums all P products: zeroing the operand register (a synchronous reset)
-        # rather than the product leaves the product register plain, and Yosys then packs
-        # the operand and product registers into the iCE40's SB_MAC16
+        # ---------------------------------------------------------------- lanes
+        # The input-gradient pass zeroes the operand of each lane whose product does not count
+        # (ig_keep), so that its adder tree sums all P products (MacLanes.b_zero: a
+        # synchronous reset of the operand register, which Yosys packs into the SB_MAC16)
         for i in range(P):
-            m.d.sync += [op_a[i].eq(mul_a[i]), prod_r[i].eq(prod[i])]
-            with m.If(ig_pipe & ~ig_keep[i]):
-                m.d.sync += op_b[i].eq(0)
-            with m.Else():
-                m.d.sync += op_b[i].eq(mul_b[i])
+            m.d.comb += [lanes.operand_a(i).eq(mul_a[i]), lanes.operand_b(i).eq(mul_b[i])]
+        m.d.comb += [lanes.b_zero.eq(Mux(ig_pipe, ~ig_keep, 0)),
+                     lanes.acc_clear.eq(acc_clear), lanes.acc_zero.eq(acc_zero),
+                     lanes.acc_add.eq(Mux(acc_add, m3_gate, 0)),
+                     lanes.snap.eq(u_load), lanes.snap_shift.eq(u_shift_down)]
         with m.If(u_word_load):
             m.d.sync += u_word.eq(w_rd.data)
         with m.Elif(u_word_shift):
             m.d.sync += u_word.eq(u_word >> W)
-        for i in range(P):
-            with m.If(acc_clear | acc_zero[i]):
-                m.d.sync += acc[i].eq(0)
-            with m.Elif(acc_add & m3_gate[i]):
-                m.d.sync += acc[i].eq(acc[i] + prod_r[i])
-            with m.If(u_load):
-                m.d.sync += u_src[i].eq(acc[i])
-            if i + 1 < P:
-                with m.Elif(u_shift_down):
-                    m.d.sync += u_src[i].eq(u_src[i + 1])
 
         # weight reads: w_rd.en marks every cycle whose read data is used in the next cycle
         # (without it the data is unspecified). The weight memory may be single-ported (SPRAM,

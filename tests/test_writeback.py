@@ -1,0 +1,96 @@
+"""The forward writeback unit (ember_hw.writeback.ForwardWriteback) alone in the Amaranth
+simulator, with the engine's RoundingShifter and a snapshot of P sums in the testbench, against
+golden.requantize: hidden layers write ReLU-saturated bytes, the output layer saturated logits,
+only the lanes that hold outputs, one lane per cycle, with the timing of its docstring."""
+
+import numpy as np
+import pytest
+from amaranth import Module
+from amaranth.sim import Simulator
+
+from ember import golden, spec
+from ember_hw.arith import RoundingShifter
+from ember_hw.writeback import ForwardWriteback
+
+P = 4
+VALUE_BITS = 30
+
+
+def harness():
+    m = Module()
+    m.submodules.wb = wb = ForwardWriteback(P, VALUE_BITS, act_addr_bits=10, grad_addr_bits=6,
+                                            shift_bits=5)
+    m.submodules.shifter = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
+    m.d.comb += [shifter.en.eq(wb.take), shifter.shift.eq(wb.take_shift),
+                 wb.rounded.eq(shifter.out)]
+    return m, wb, shifter
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_writeback_requantizes_like_golden(last):
+    rng = np.random.default_rng(int(last))
+    lo, hi = -(1 << (VALUE_BITS - 1)) + 1, (1 << (VALUE_BITS - 1)) - 1
+    blocks = []
+    for shift in (spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT, 0, 1, 20):
+        sums = [int(v) for v in rng.integers(lo, hi, P)]
+        sums[0] = (1 << shift) * 255 + (1 << max(shift - 1, 0))     # a tie just above 255
+        sums[1] = -(1 << (shift + 3))
+        lanes_on = int(rng.integers(1, 1 << P))
+        blocks.append((sums, shift, lanes_on, int(rng.integers(0, 900)), int(rng.integers(0, 60))))
+    m, wb, shifter = harness()
+    writes, timing = [], []
+
+    async def bench(ctx):
+        cycle = 0
+        for sums, shift, lanes_on, act_addr, word in blocks:
+            while ctx.get(wb.busy):
+                await ctx.tick()
+                cycle += 1
+            snapshot = list(sums)
+            ctx.set(shifter.value, snapshot[0])
+            for port, v in ((wb.start, 1), (wb.last, last), (wb.shift, shift),
+                            (wb.lanes_on, lanes_on), (wb.act_addr, act_addr),
+                            (wb.grad_word, word)):
+                ctx.set(port, v)
+            start = cycle
+            takes, written = [], []
+            await ctx.tick()
+            cycle += 1
+            ctx.set(wb.start, 0)
+            while True:
+                if ctx.get(wb.take):
+                    takes.append(cycle - start)
+                if ctx.get(wb.act_wr_en):
+                    written.append(cycle - start)
+                    writes.append(("act", ctx.get(wb.act_wr_addr), ctx.get(wb.act_wr_data)))
+                if ctx.get(wb.grad_wr_en):
+                    written.append(cycle - start)
+                    writes.append(("grad", ctx.get(wb.grad_wr_word), ctx.get(wb.grad_wr_lane),
+                                   ctx.get(wb.grad_wr_value)))
+                take = ctx.get(wb.take)
+                busy = ctx.get(wb.busy)
+                await ctx.tick()
+                cycle += 1
+                if take:            # the snapshot moves down a lane
+                    snapshot = snapshot[1:] + snapshot[-1:]
+                    ctx.set(shifter.value, snapshot[0])
+                if not busy and cycle - start > 2:
+                    break
+            timing.append((takes, written, cycle - start))
+
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    want = []
+    for sums, shift, lanes_on, act_addr, word in blocks:
+        y = golden.requantize(np.array(sums, dtype=np.int64), shift, relu=not last)
+        for i in range(P):
+            if lanes_on >> i & 1:
+                want.append(("grad", word, i, int(y[i]) & 0xFFFF) if last
+                            else ("act", act_addr + i, int(y[i])))
+    assert writes == want, (writes, want, blocks)
+    for (takes, written, span), (_, _, lanes_on, _, _) in zip(timing, blocks):
+        assert takes == [2 + i for i in range(P)]
+        assert written == [5 + i for i in range(P) if lanes_on >> i & 1]
+        assert span == P + 6          # busy from s + 1 to s + P + 4, seen low in s + P + 5
