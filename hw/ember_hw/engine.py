@@ -37,16 +37,17 @@ from amaranth.lib.wiring import In, Out
 
 from ember import spec
 
-from .arith import (RoundingShifter, clamp_byte, clamp_signed, clamp_symmetric, popcount,
-                    tree_sum)
+from .arith import RoundingShifter, clamp_signed, popcount, tree_sum
 from .bus import BusSignature
 from .counters import CounterFile
 from .lanemem import LaneMemory
 from .lanes import MacLanes
 from .regbank import RegisterBank
+from .requant import DxRequantizer
 from .loss import SoftmaxGradUnit
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
+from .update import UpdateUnit
 from .weights import WeightMemory
 from .writeback import ForwardWriteback
 
@@ -98,7 +99,8 @@ class EngineCore(wiring.Component):
 
         # ---------------------------------------------------------------- memories
         m.submodules.wmem = wmem = self.wmem
-        m.submodules.amem = amem = Memory(shape=unsigned(spec.ACT_BITS), depth=bld.act_bytes, init=[])
+        m.submodules.amem = amem = Memory(shape=unsigned(spec.ACT_BITS), depth=bld.act_bytes,
+                                          init=[])
         # banked per lane (ember_hw.lanemem), like the weights: each lane's entries in memory
         # of its own
         m.submodules.gmem = gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS)
@@ -106,7 +108,8 @@ class EngineCore(wiring.Component):
                                           depth=max(1, bld.scratch_entries), init=[])
         m.submodules.lmem = lmem = Memory(shape=unsigned(spec.LABEL_BITS), depth=bld.max_batch,
                                           init=[])
-        m.submodules.pmem = pmem = Memory(shape=unsigned(spec.LABEL_BITS), depth=bld.max_batch, init=[])
+        m.submodules.pmem = pmem = Memory(shape=unsigned(spec.LABEL_BITS), depth=bld.max_batch,
+                                          init=[])
         # optional units (spec.FEATURES): a build without PSG or ssProp leaves their
         # registers, states and memories out; the host never asks for them (FEATURES register)
         has_psg = "psg" in bld.features
@@ -298,7 +301,8 @@ class EngineCore(wiring.Component):
                     with m.Elif(wr):
                         with m.If(byte < mul.product):
                             m.d.comb += [a_wr.addr.eq(byte), a_wr.en.eq(1),
-                                         a_wr.data.eq(bus.w_data.word_select(bus_a_byte, spec.ACT_BITS)),
+                                         a_wr.data.eq(bus.w_data.word_select(bus_a_byte,
+                                                                             spec.ACT_BITS)),
                                          count("act_writes")]
                         m.d.sync += bus_a_byte.eq(bus_a_byte + 1)
                         with m.If(bus_a_byte == 3):
@@ -422,11 +426,11 @@ class EngineCore(wiring.Component):
         lanes_on = Signal(P)                # kept lanes of the current block
         s1_lanes = Signal(P)
 
-        # one rounding shifter (round_shift), shared by the three units that requantize and
-        # never run at the same time: the forward writeback (W_LANE), the dX requantizer
-        # (REQ_RUN) and the update unit (U_LANE). The writeback and update units take the
-        # head lane of the lanes' snapshot (rq_take_head, with their shift in rq_head_shift), the
-        # requantizer a dX entry (rq_take_dx). Two register stages (ember_hw.arith): rq_twice
+        # one rounding shifter (ember_hw.arith), shared by the three units that requantize and
+        # never run at the same time: the forward writeback (ember_hw.writeback), the dX
+        # requantizer (ember_hw.requant, in REQ_RUN) and the update unit (ember_hw.update). The
+        # writeback and update units take the head lane of the lanes' snapshot (rq_take_head,
+        # with their shift in rq_head_shift), the requantizer a dX entry (rq_take_dx). rq_twice
         # has round_shift_twice(value) (its sign is the value's) the cycle after the take,
         # rq_out the rounded value two cycles after it
         m.submodules.shifter = shifter = RoundingShifter(max(LACC, spec.DX_BITS),
@@ -437,8 +441,9 @@ class EngineCore(wiring.Component):
 
         # scalar helpers
         dx_acc = Signal(signed(DACC))
-        dx_max = Signal(spec.DX_BITS)
-        dx_shift = Signal(range(spec.DX_SHIFT_MAX + 1))
+        # the dX requantizer: the batch's largest |dX|, its scale, and the saturation to dY
+        m.submodules.requant = requant = DxRequantizer()
+        dx_shift = requant.shift
         # the update shift's correction: WEIGHT_FRAC_BITS - dx_shift for each layer above
         correction = Signal(range(-(L - 1) * max(0, spec.DX_SHIFT_MAX - spec.WEIGHT_FRAC_BITS),
                                   (L - 1) * spec.WEIGHT_FRAC_BITS + 1))
@@ -457,13 +462,9 @@ class EngineCore(wiring.Component):
         confident = Signal(P)
         uncertain = Signal(P)
         # the update unit's copy of one (j, k): gradient sources, kept lanes, address, shift
-        u_busy = Signal()
-        u_lanes = Signal(P)
-        u_addr = Signal.like(wbase)
-        u_shift = Signal(range(spec.UPDATE_SHIFT_MAX + 1))
-        u_skip = Signal(P)                  # PSG: confident lanes (their full MACs skipped)
-        u_live = Signal(BATCH)              # PSG: live samples of the low pass
-        up = Signal(range(P + 1))
+        m.submodules.update = upd = UpdateUnit(P, LACC, addr_bits=len(wbase), live_bits=BATCH,
+                                               step_bits=len(psg_step))
+        u_busy = upd.busy
         # the forward writeback unit (it takes the lanes' snapshot a lane a cycle)
         m.submodules.writeback = wb = ForwardWriteback(
             P, LACC, act_addr_bits=len(abase), grad_addr_bits=_bits(bld.grad_words),
@@ -788,7 +789,8 @@ class EngineCore(wiring.Component):
 
             # ---------------- input gradient: for b, k: dX = sum over kept n of W * dY
             with m.State("IG_START"):
-                m.d.sync += [b.eq(0), k.eq(0), dx_max.eq(0), n.eq(0)]
+                m.d.sync += [b.eq(0), k.eq(0), n.eq(0)]
+                m.d.comb += requant.clear.eq(1)
                 with m.If(do_igrad):
                     m.next = "IG_A"
                 with m.Else():
@@ -862,32 +864,26 @@ class EngineCore(wiring.Component):
             ridx = Signal(range(bld.scratch_entries + 1))      # b*K + k, up to the batch's
             req_s3_valid, req_s4_valid = Signal(), Signal()
             with m.State("REQ_START"):
-                lz = Signal(range(spec.DX_BITS + 1))    # bit length of max |dX|
-                for bit in range(spec.DX_BITS):
-                    with m.If(dx_max[bit]):
-                        m.d.comb += lz.eq(bit + 1)
-                m.d.sync += [dx_shift.eq(Mux(lz > 15, lz - 15, 0)), b.eq(0), k.eq(0),
+                m.d.comb += requant.latch.eq(1)
+                m.d.sync += [b.eq(0), k.eq(0),
                              ridx.eq(0), s1_valid.eq(0), s2_valid.eq(0), req_s3_valid.eq(0),
                              req_s4_valid.eq(0), g_row.eq(gbase_below)]
                 m.next = "REQ_RUN"
             with m.State("REQ_RUN"):
                 # stage 0: read scratch entry ridx = b*K + k (all batch*K of them, in order);
-                # stage 1: into the shifter's input; stages 2 and 3: shift and round it (into
-                # req_v); stage 4: saturate and write dY_below at (b, k), which step with the
-                # writes
+                # stage 1: into the shifter's input; stages 2 and 3: shift and round it (the
+                # requantizer registers it); stage 4: saturate and write dY_below at (b, k),
+                # which step with the writes
                 issue = ridx < batch_k
                 m.d.comb += [s_rd.addr.eq(ridx), count("grad_reads", issue)]
                 m.d.sync += [s1_valid.eq(issue), s2_valid.eq(s1_valid),
                              req_s3_valid.eq(s2_valid), req_s4_valid.eq(req_s3_valid)]
                 with m.If(issue):
                     m.d.sync += ridx.eq(ridx + 1)
-                req_v = Signal(signed(spec.DX_BITS + 1))
                 m.d.comb += rq_take_dx.eq(1)
-                m.d.sync += req_v.eq(rq_out)
-                dy = clamp_symmetric(req_v, spec.GRAD_BITS)
                 with m.If(req_s4_valid):
                     m.d.comb += [g_wr.addr.eq(g_row + (k >> LOGP)),
-                                 g_wr_value.eq(dy), g_wr_on.eq(1),
+                                 g_wr_value.eq(requant.dy), g_wr_on.eq(1),
                                  g_wr_lane.eq(k[:LOGP]), count("grad_writes")]
                     with m.If(k + 1 < K):
                         m.d.sync += k.eq(k + 1)
@@ -976,7 +972,8 @@ class EngineCore(wiring.Component):
                             gi = g_lane[i]
                             hi = gi[drop:].as_signed() + (gi[-1] & (gi[:drop] != 0))
                             m.d.comb += [mul_a[i].eq(hi),
-                                         mul_b[i].eq(s2_act >> (spec.ACT_BITS - spec.PSG_ACT_MSBS))]
+                                         mul_b[i].eq(s2_act >> (spec.ACT_BITS -
+                                                                spec.PSG_ACT_MSBS))]
                         else:
                             m.d.comb += [mul_a[i].eq(g_lane[i]), mul_b[i].eq(s2_act)]
                         m.d.sync += [m2_valid.eq(s2_valid & s2_live),
@@ -1031,10 +1028,12 @@ class EngineCore(wiring.Component):
                 # next (j, k) accumulates; wait only if it is still busy with the last one
                 with m.If(~u_busy):
                     u = correction + lr_shift
-                    m.d.sync += [u_busy.eq(1), u_lanes.eq(lanes_on), u_addr.eq(w_row + k),
-                                 u_shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
-                                                              spec.UPDATE_SHIFT_MAX, u))),
-                                 u_skip.eq(Mux(psg_on, confident, 0)), u_live.eq(live_count)]
+                    m.d.comb += [upd.start.eq(1), upd.lanes_on.eq(lanes_on),
+                                 upd.addr.eq(w_row + k),
+                                 upd.shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
+                                                                spec.UPDATE_SHIFT_MAX, u))),
+                                 upd.skip.eq(Mux(psg_on, confident, 0)),
+                                 upd.live.eq(live_count)]
                     # PSG needs only a sign: the prediction's where it was confident
                     m.d.comb += u_load.eq(1)
                     with m.If(k + 1 < K):
@@ -1110,14 +1109,12 @@ class EngineCore(wiring.Component):
                 with m.Else():
                     m.d.sync += dx_acc.eq(total)
             # stage 3: the largest |dX| of the batch sets its scale (REQ_START)
-            mag = Mux(s3_dx < 0, -s3_dx, s3_dx).as_unsigned()
-            with m.If(s3_valid & (mag > dx_max)):
-                m.d.sync += dx_max.eq(mag)
+            m.d.comb += [requant.track.eq(s3_valid), requant.dx.eq(s3_dx)]
 
         # ---------------------------------------------------------------- writeback unit
         # forward outputs of one block, a lane a cycle through the shared shifter: UQ2.6 bytes
         # into the activation memory, or Q7.8 logits into the gradient memory
-        m.d.comb += wb.rounded.eq(rq_out)
+        m.d.comb += [wb.rounded.eq(rq_out), requant.rounded.eq(rq_out)]
         with m.If(wb.take):
             m.d.comb += [u_shift_down.eq(1), rq_take_head.eq(1), rq_head_shift.eq(wb.take_shift)]
         with m.If(wb.grad_wr_en):
@@ -1128,76 +1125,24 @@ class EngineCore(wiring.Component):
                          a_wr.en.eq(1), count("act_writes")]
 
         # ---------------------------------------------------------------- update unit
-        # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), one lane per
-        # cycle through one shared shifter; only changed lanes are written. Stage A takes the
-        # head lane of the lanes' snapshot and of the weight word (both shift down a lane per cycle), stages
-        # B1 and B2 shift and round the gradient (or take the PSG step, by the gradient's
-        # sign), stage C subtracts and saturates, and stage D writes the new weight into its
-        # lane if it changed (the weight memory is written a lane at a time; nothing reads it
-        # while the update unit runs).
-        ua_old, ub2_old, ub_old = (Signal(signed(W)) for _ in range(3))
-        ua_on, ub2_on, ub_on = Signal(), Signal(), Signal()
-        ub2_pos, ub2_neg = Signal(), Signal()       # the gradient's sign, in stage B2
-        ub_valid, ub2_valid, uc_valid = Signal(), Signal(), Signal()
-        # the amount to subtract, saturated to 18 bits: from a weight in 16 bits, any larger
-        # amount saturates the new weight just the same, and stage C's subtractor stays short
-        DELTA = W + 2
-        ub_delta = Signal(signed(DELTA))
-        uc_lane = Signal(range(P))          # the lane in stage C
-        ud_write = Signal()                 # stage D: write ud_value into lane ud_lane
-        ud_value = Signal(W, reset_less=True)
-        ud_lane = Signal(range(P))
-        m.d.sync += ud_write.eq(0)
-        with m.If(ud_write):
-            m.d.comb += [w_wr.addr.eq(u_addr), w_wr.data.eq(ud_value.replicate(P)),
-                         w_wr.en.eq(Const(1, P) << ud_lane), count("weight_writes")]
-        with m.FSM(name="update") as ufsm:
-            with m.State("U_IDLE"):
-                with m.If(u_busy):
-                    m.next = "U_READ"
-            with m.State("U_READ"):
-                m.d.comb += [w_rd.addr.eq(u_addr), count("weight_reads", popcount(u_lanes))]
-                m.d.sync += [up.eq(0), ub_valid.eq(0), ub2_valid.eq(0), uc_valid.eq(0),
-                             uc_lane.eq(0)]
-                m.next = "U_LATCH"
-            with m.State("U_LATCH"):
-                m.d.comb += u_word_load.eq(1)
-                m.next = "U_LANE"
-            with m.State("U_LANE"):
-                # stage A
-                with m.If(up < P):
-                    m.d.comb += u_word_shift.eq(1)
-                    m.d.sync += [ua_old.eq(u_word[:W]), ua_on.eq(u_lanes[0]),
-                                 u_lanes.eq(u_lanes >> 1),
-                                 u_skip.eq(u_skip >> 1), up.eq(up + 1)]
-                    m.d.comb += [u_shift_down.eq(1), rq_take_head.eq(1),
-                                 rq_head_shift.eq(u_shift)]
-                    with m.If(u_skip[0]):
-                        # a confident lane skipped the full MAC of every live sample
-                        m.d.comb += count("skip_psg", u_live)
-                m.d.sync += ub_valid.eq(up < P)
-                # stage B1: the shifter's first stage
-                m.d.sync += [ub2_old.eq(ua_old), ub2_on.eq(ua_on), ub2_valid.eq(ub_valid),
-                             ub2_pos.eq(rq_twice > 0), ub2_neg.eq(rq_twice < 0)]
-                # stage B2: the amount to subtract
-                step = (Const(1, unsigned(W)) << psg_step)[:W]
-                sign_step = Mux(ub2_pos, step, 0) - Mux(ub2_neg, step, 0)
-                m.d.sync += [ub_delta.eq(Mux(psg_on, sign_step, clamp_signed(rq_out, DELTA))),
-                             ub_old.eq(ub2_old), ub_on.eq(ub2_on), uc_valid.eq(ub2_valid)]
-                # stage C: the new weight, saturated; written only if it changed
-                new = Signal(signed(DELTA + 1))
-                m.d.comb += new.eq(ub_old - ub_delta)
-                newsat = clamp_signed(new, W)
-                changed = ub_on & (newsat != ub_old)
-                with m.If(uc_valid):
-                    m.d.sync += [ud_write.eq(changed), ud_value.eq(newsat[:W]),
-                                 ud_lane.eq(uc_lane), uc_lane.eq(uc_lane + 1)]
-                with m.If((up == P) & ~ub_valid & ~ub2_valid):
-                    m.next = "U_WRITE"
-            with m.State("U_WRITE"):
-                # stage D of the last lane
-                m.d.sync += u_busy.eq(0)
-                m.next = "U_IDLE"
+        # W[j, k] <- W - round(G >> shift) (SGD) or W - sign * 2**step (PSG), a lane a cycle
+        # through the shared shifter, the old weights from u_word; only changed lanes are
+        # written (the weight memory is written a lane at a time; nothing reads it while the
+        # update unit runs)
+        m.d.comb += [upd.psg.eq(psg_on), upd.step_shift.eq(psg_step),
+                     upd.old_weight.eq(u_word[:W]), upd.twice.eq(rq_twice),
+                     upd.rounded.eq(rq_out), count("skip_psg", upd.skipped)]
+        with m.If(upd.wr_en):
+            m.d.comb += [w_wr.addr.eq(upd.word_addr), w_wr.data.eq(upd.wr_value.replicate(P)),
+                         w_wr.en.eq(Const(1, P) << upd.wr_lane), count("weight_writes")]
+        with m.If(upd.rd_en):
+            m.d.comb += [w_rd.addr.eq(upd.word_addr),
+                         count("weight_reads", popcount(upd.rd_lanes))]
+        with m.If(upd.word_load):
+            m.d.comb += u_word_load.eq(1)
+        with m.If(upd.take):
+            m.d.comb += [u_word_shift.eq(1), u_shift_down.eq(1), rq_take_head.eq(1),
+                         rq_head_shift.eq(upd.take_shift)]
 
         # ---------------------------------------------------------------- shifter input
         m.d.comb += [shifter.en.eq(rq_take_dx | rq_take_head),
@@ -1223,18 +1168,18 @@ class EngineCore(wiring.Component):
         # (without it the data is unspecified). The weight memory may be single-ported (SPRAM,
         # ember_hw.weights), so no such cycle may write weights, and none does:
         # - weights are written only by a bus write while idle (a command answers bus
-        #   accesses to memory with `busy`) and by the update unit's stage D, in U_LANE and
-        #   U_WRITE;
+        #   accesses to memory with `busy`) and by the update unit's stage D (UpdateUnit.wr_en);
         # - they are read by the bus while idle (a read, never in a cycle with a write: one bus
-        #   access at a time), by FWD_RUN and IG_RUN, and by the update unit in U_READ;
+        #   access at a time), by FWD_RUN and IG_RUN, and by the update unit (UpdateUnit.rd_en);
         # - the update unit runs only between the weight-gradient phase's first UPD_HANDOFF and
         #   WG_WAIT, which waits for it to finish; no state in between reads weights (WG_*,
-        #   PSG_* and UPD_HANDOFF read activations, dY and the kept mask), and U_READ comes
-        #   before its FSM's first write (stage D of the first lane). FWD_RUN and IG_RUN come only after it
-        #   (next layer, next command), and the bus only once the command has finished.
+        #   PSG_* and UPD_HANDOFF read activations, dY and the kept mask), and the unit reads a
+        #   word before its first write (stage D of the first lane). FWD_RUN and IG_RUN come
+        #   only after it (next layer, next command), and the bus only once the command has
+        #   finished.
         # WeightMemory.conflict records any cycle with both; the simulation tests check it.
         m.d.comb += w_rd.en.eq(Mux(busy, fsm.ongoing("FWD_RUN") | fsm.ongoing("IG_RUN") |
-                                   ufsm.ongoing("U_READ"), bus_w_rd))
+                                   upd.rd_en, bus_w_rd))
 
         # cycle counters: every busy cycle, and each phase by the states it runs in
         phases = {

@@ -1,0 +1,69 @@
+"""The dX requantizer: a layer's raw input gradients dX (DX_BITS, in the scratch memory) become
+the layer below's dY (GRAD_BITS, symmetric) with one power-of-two scale for the whole batch.
+
+Golden twin: the input-gradient step of ``ember.golden.GoldenModel.train_batch``:
+``shift = max(0, bit_length(max |dX|) - (GRAD_BITS - 1))`` and
+``dy_below = saturate_grad(round_shift(dx, shift))``; the shift also enters the update-shift
+correction of the layers below (WEIGHT_FRAC_BITS - shift).
+
+The unit keeps the batch's largest |dX| while the input-gradient pass writes the entries
+(``track``), turns it into the scale (``latch``: a leading-one detector), and saturates each
+entry after the engine's shared RoundingShifter (ember_hw.arith) has rounded it by that scale.
+The sequencer owns the loop: it reads the scratch entries in order, feeds them to the shifter
+with ``shift`` and writes ``dy`` to the gradient memory.
+
+`DxRequantizer()`. Ports (sync domain):
+  clear:    In(1) -- the largest |dX| to 0 (a new layer's pass).
+  track:    In(1), dx: In(signed(DX_BITS)) -- an entry of the pass; the largest |dX| follows
+            it at the end of the cycle.
+  latch:    In(1) -- ``shift`` takes the scale of the entries tracked so far (from the next
+            cycle on, until the next latch).
+  shift:    Out(range(DX_SHIFT_MAX + 1)).
+  rounded:  In(signed(DX_BITS + 1)) -- round_shift(entry, shift), from the shifter.
+  dy:       Out(signed(GRAD_BITS)) -- the next cycle: saturate_grad of that value.
+"""
+
+from amaranth import Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ember import spec
+
+from .arith import clamp_symmetric
+
+
+class DxRequantizer(wiring.Component):
+    """The batch scale of dX and the saturation to dY (module docstring)."""
+
+    def __init__(self):
+        super().__init__({
+            "clear": In(1),
+            "track": In(1),
+            "dx": In(signed(spec.DX_BITS)),
+            "latch": In(1),
+            "shift": Out(range(spec.DX_SHIFT_MAX + 1)),
+            "rounded": In(signed(spec.DX_BITS + 1)),
+            "dy": Out(signed(spec.GRAD_BITS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        dx_max = Signal(spec.DX_BITS)       # the largest |dX| (2**(DX_BITS-1) at most)
+        mag = Mux(self.dx < 0, -self.dx, self.dx).as_unsigned()
+        with m.If(self.clear):
+            m.d.sync += dx_max.eq(0)
+        with m.Elif(self.track & (mag > dx_max)):
+            m.d.sync += dx_max.eq(mag)
+        # golden.bit_length(max |dX|): a leading-one detector
+        length = Signal(range(spec.DX_BITS + 1))
+        for bit in range(spec.DX_BITS):
+            with m.If(dx_max[bit]):
+                m.d.comb += length.eq(bit + 1)
+        magnitude_bits = spec.GRAD_BITS - 1
+        shift = Signal.like(self.shift)
+        with m.If(self.latch):
+            m.d.sync += shift.eq(Mux(length > magnitude_bits, length - magnitude_bits, 0))
+        value = Signal(signed(spec.DX_BITS + 1))
+        m.d.sync += value.eq(self.rounded)
+        m.d.comb += [self.shift.eq(shift), self.dy.eq(clamp_symmetric(value, spec.GRAD_BITS))]
+        return m

@@ -1,0 +1,76 @@
+"""The dX requantizer (ember_hw.requant.DxRequantizer) alone in the Amaranth simulator, with the
+engine's RoundingShifter, against the golden model's input-gradient step: the batch's scale
+max(0, bit_length(max |dX|) - 15) and saturate_grad(round_shift(dx, shift)), for batches whose
+largest magnitude needs every scale 0..DX_SHIFT_MAX, the most negative dX included."""
+
+import numpy as np
+import pytest
+from amaranth import Module
+from amaranth.sim import Simulator
+
+from ember import golden, spec
+from ember_hw.arith import RoundingShifter
+from ember_hw.requant import DxRequantizer
+
+# a build whose lane accumulators are narrower than dX (the iCEBreaker's and the tiny
+# build's): the shifter is as wide as dX
+VALUE_BITS = spec.DX_BITS
+
+
+def batches():
+    rng = np.random.default_rng(3)
+    out = []
+    for scale in range(spec.DX_SHIFT_MAX + 1):
+        top = 1 << (scale + spec.GRAD_BITS - 2)         # bit length scale + 15
+        dx = rng.integers(-top, top, 12)
+        dx[0] = top if scale < spec.DX_SHIFT_MAX else -top
+        dx[1] = -top + 1
+        out.append(dx)
+    out.append(np.array([-(1 << 31), (1 << 31) - 1, 1, -1, 0]))       # saturated dX
+    out.append(np.array([0, 0, 0]))
+    out.append(np.array([3 << 14, -(3 << 14), (1 << 15) + 1, -(1 << 16) - 1]))   # ties
+    return out
+
+
+def test_requantizer_matches_golden():
+    m = Module()
+    m.submodules.rq = rq = DxRequantizer()
+    m.submodules.shifter = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
+    m.d.comb += [shifter.shift.eq(rq.shift), rq.rounded.eq(shifter.out)]
+    got = []
+
+    async def bench(ctx):
+        for dx in batches():
+            ctx.set(rq.clear, 1)
+            await ctx.tick()
+            ctx.set(rq.clear, 0)
+            ctx.set(rq.track, 1)
+            for v in dx:                    # the input-gradient pass writes the entries
+                ctx.set(rq.dx, int(v))
+                await ctx.tick()
+            ctx.set(rq.track, 0)
+            ctx.set(rq.latch, 1)
+            await ctx.tick()
+            ctx.set(rq.latch, 0)
+            shift = ctx.get(rq.shift)
+            dy = []
+            # one entry a cycle into the shifter; dy three cycles after it is taken
+            entries = [int(v) for v in dx] + [0, 0, 0]
+            for i, v in enumerate(entries):
+                ctx.set(shifter.en, 1)
+                ctx.set(shifter.value, v)
+                if i >= 3:
+                    dy.append(ctx.get(rq.dy))
+                await ctx.tick()
+            ctx.set(shifter.en, 0)
+            got.append((shift, dy))
+
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    for dx, (shift, dy) in zip(batches(), got):
+        want_shift = max(0, golden.bit_length(np.abs(dx).max()) - (spec.GRAD_BITS - 1))
+        assert shift == want_shift
+        assert dy == [int(v) for v in golden.saturate_grad(golden.round_shift(dx, want_shift))]
+    assert [s for s, _ in got[:spec.DX_SHIFT_MAX + 1]] == list(range(spec.DX_SHIFT_MAX + 1))
