@@ -406,19 +406,14 @@ class StepSettings:
         if self.update_mask is not None and len(self.update_mask) != n_layers:
             raise ConfigError(f"update_mask has {len(self.update_mask)} entries; the network "
                               f"has {n_layers} layers")
-        if not 0 <= self.lr_shift <= UPDATE_SHIFT_MAX:
-            raise ConfigError(f"lr_shift {self.lr_shift} is outside 0..{UPDATE_SHIFT_MAX}")
-        if not 0 <= self.psg_step_shift <= WEIGHT_BITS - 2:
-            raise ConfigError(f"psg_step_shift {self.psg_step_shift} is outside "
-                              f"0..{WEIGHT_BITS - 2}")
-        if not 0 <= self.psg_tau < (1 << 32):
-            raise ConfigError(f"psg_tau {self.psg_tau} is outside 0..{(1 << 32) - 1}")
-        if self.psg_relative and self.psg_tau > 63:
-            raise ConfigError(f"relative psg_tau (a shift) {self.psg_tau} is outside 0..63")
-        if not 1 <= self.keep_q8 <= KEEP_ONE:
-            raise ConfigError(f"keep_q8 {self.keep_q8} is outside 1..{KEEP_ONE}")
-        if not 1 <= self.lfsr_seed <= 0xFFFF:
-            raise ConfigError(f"lfsr_seed {self.lfsr_seed} is outside 1..65535")
+        # the registers' legal ranges (Build.settings: the same table the engine is built from)
+        table = (build or DEFAULT_BUILD).settings()
+        for name in ("lr_shift", "psg_step_shift", "psg_tau", "keep_q8", "lfsr_seed"):
+            value, setting = getattr(self, name), table[name]
+            if not setting.contains(value):
+                raise ConfigError(f"{name} {value} is outside {setting.lo}..{setting.hi}")
+            if name == "psg_tau" and self.psg_relative and self.psg_tau > 63:
+                raise ConfigError(f"relative psg_tau (a shift) {self.psg_tau} is outside 0..63")
         return self
 
     def mask(self, n_layers):
