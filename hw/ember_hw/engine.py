@@ -1109,12 +1109,15 @@ class EngineCore(wiring.Component):
                 with m.Else():
                     m.d.sync += dx_acc.eq(total)
             # stage 3: the largest |dX| of the batch sets its scale (REQ_START)
-            m.d.comb += [requant.track.eq(s3_valid), requant.dx.eq(s3_dx)]
+            m.d.comb += requant.track.eq(s3_valid)
 
         # ---------------------------------------------------------------- writeback unit
         # forward outputs of one block, a lane a cycle through the shared shifter: UQ2.6 bytes
         # into the activation memory, or Q7.8 logits into the gradient memory
         m.d.comb += [wb.rounded.eq(rq_out), requant.rounded.eq(rq_out)]
+        # (the entry is not gated by the phase: only `track` is, so that no path runs from the
+        # sequencer's state through |dX| and its comparison into the maximum's enable)
+        m.d.comb += requant.dx.eq(s3_dx)
         with m.If(wb.take):
             m.d.comb += [u_shift_down.eq(1), rq_take_head.eq(1), rq_head_shift.eq(wb.take_shift)]
         with m.If(wb.grad_wr_en):
