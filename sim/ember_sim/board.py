@@ -36,8 +36,9 @@ def build_board(build, simulator, variant="stream", divisor=4):
     if build.weight_spram:
         # weights in SB_SPRAM256KA instances (ember_hw.weights): Yosys's models simulate them
         models = {"extra_sources": [rtl.ice40_cells_sim()], "build_args": rtl.ICE40_MODEL_ARGS}
+    # the bench touches the SimBoard's ports only (ember_sim.rtl.build, public="ports")
     return rtl.build(lambda: SimBoard(build, variant, divisor), toplevel_name(build, variant),
-                     simulator, **models)
+                     simulator, public="ports", **models)
 
 
 def main(argv=None):
@@ -67,10 +68,11 @@ def main(argv=None):
     if args.build_only:
         print(f"built {sim_build.toplevel} for {args.simulator} in {sim_build.seconds:.1f} s")
         return 0
-    rtl.run(sim_build, "ember_sim.benches.board_bench", testcase="serve",
-            case={"port_file": args.port_file, "port": args.port,
-                  "accept_timeout_s": args.accept_timeout,
-                  "quiet_cycles": 64 + (30 * args.divisor if args.uart else 0)})
+    outcome = rtl.run(sim_build, "ember_sim.benches.board_bench", testcase="serve",
+                      case={"port_file": args.port_file, "port": args.port,
+                            "accept_timeout_s": args.accept_timeout,
+                            "quiet_cycles": 64 + (30 * args.divisor if args.uart else 0)})
+    print("board result: " + json.dumps(outcome.result), flush=True)
     return 0
 
 

@@ -233,5 +233,6 @@ def build_board_top(board, simulator, build=None, divisor=DEFAULT_DIVISOR):
     path = _write_if_changed(rtl.default_build_dir(info.toplevel, simulator)
                              / f"{info.toplevel}.v", text)
     sources, args = model_sources(board)
+    # the bench drives and reads the top's pins only (ember_sim.rtl.build, public="ports")
     return rtl.build(path, info.toplevel, simulator, extra_sources=sources,
-                     build_args=args), info
+                     build_args=args, public="ports"), info

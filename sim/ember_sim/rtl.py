@@ -349,8 +349,33 @@ def _build_output(simulator: str, build_dir: Path, toplevel: str) -> Path:
     return build_dir / (toplevel if simulator == "verilator" else "sim.vvp")
 
 
+def _verilator_ports_only_runner():
+    """cocotb's Verilator runner, with VPI access to the top module's ports only.
+
+    cocotb's runner always passes ``--public-flat-rw``, which makes every signal of every
+    module public and writable from VPI; Verilator must then keep each of them as a variable
+    that VPI may change between any two evaluations, and cannot inline, merge or drop any of
+    them. A bench that drives and reads only the top's ports gives most of the simulation
+    speed back by declaring only those public (a Verilator configuration file,
+    ``public_flat_rw`` on the top module's own variables).
+    """
+    from cocotb_tools.runner import Verilator
+
+    class PortsOnlyVerilator(Verilator):
+        def _build_command(self):
+            cmds = super()._build_command()
+            config = Path(self.build_dir) / "ports_public.vlt"
+            config.write_text("`verilator_config\n"
+                              f'public_flat_rw -module "{self.hdl_toplevel}" -var "*"\n')
+            verilate = [arg for arg in cmds[0] if arg != "--public-flat-rw"]
+            verilate.insert(verilate.index("--vpi") + 1, str(config))
+            return [verilate, *cmds[1:]]
+
+    return PortsOnlyVerilator()
+
+
 def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_sources=(),
-          build_args=(), waves: bool = False) -> SimBuild:
+          build_args=(), waves: bool = False, public: str = "all") -> SimBuild:
     """Compile ``design`` for ``simulator`` (once: an up-to-date build is reused).
 
     design
@@ -369,8 +394,16 @@ def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_source
         Extra simulator arguments, after the defaults (``VERILATOR_BUILD_ARGS``).
     waves
         Compile with tracing (Verilator ``--trace``, Icarus FST dump); use with ``run(waves=True)``.
+    public
+        ``"all"`` (default): every signal of the design is reachable from the bench
+        (``dut.engine.state``). ``"ports"``: only the top module's ports, which lets Verilator
+        optimise across the whole design (see ``_verilator_ports_only_runner``); for benches
+        that touch nothing but ports. Icarus ignores it.
     """
     from cocotb_tools.runner import get_runner
+
+    if public not in ("all", "ports"):
+        raise ValueError(f"public={public!r} is not 'all' or 'ports'")
 
     started = time.perf_counter()
     require_simulator(simulator)
@@ -393,8 +426,9 @@ def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_source
     all_args = [*default_args, *build_args]
 
     hasher = hashlib.sha256()
+    ports_only = simulator == "verilator" and public == "ports"
     hasher.update(json.dumps([simulator, _tool_version(simulator), toplevel, all_args, TIMESCALE,
-                              waves]).encode())
+                              waves, *(["public=ports"] if ports_only else [])]).encode())
     for source in sources:
         content = (verilog_text.encode() if source == design_path and verilog_text is not None
                    else source.read_bytes())
@@ -422,7 +456,8 @@ def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_source
                     _write_if_changed(design_path, verilog_text)
                 log_path = build_dir / "build.log"
                 try:
-                    get_runner(simulator).build(
+                    runner = _verilator_ports_only_runner() if ports_only else get_runner(simulator)
+                    runner.build(
                         sources=[str(s) for s in sources], hdl_toplevel=toplevel,
                         build_dir=build_dir, always=True, timescale=TIMESCALE,
                         build_args=all_args, waves=waves, log_file=log_path)
