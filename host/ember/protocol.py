@@ -341,7 +341,8 @@ class Link:
     timeout: seconds to wait for each response, on `clock`; by default long enough for the
              longest frames at the port's ``baudrate`` (spec.DEFAULT_BAUD if it has none).
     clock:   what the timeout is measured on: a callable returning seconds, by default the
-             wall clock (``time.monotonic``). The simulated board's link passes the
+             wall clock (``time.monotonic``); if it has a ``restart()`` method, that is called
+             when a wait for an answer begins. The simulated board's link passes the
              simulation's own time (ember.device.SimulationClock), so a slow simulator makes
              the host wait longer instead of sending frames again.
 
@@ -481,6 +482,8 @@ class Link:
         (None, why) on timeout (measured on self.clock) or a garbled frame. Well-formed
         responses to other sequence numbers (late answers to earlier frames, answers to line
         noise) are skipped."""
+        if hasattr(self.clock, "restart"):
+            self.clock.restart()                      # a new wait (SimulationClock's stall)
         deadline = self.clock() + self.timeout
         while self.clock() < deadline:
             chunk = self.port.read(1)

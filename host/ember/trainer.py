@@ -358,6 +358,7 @@ class Trainer:
             if self.checkpoint:
                 self._write_checkpoint(s)
         weights = dev.read_weights()
+        wall_s = time.perf_counter() - start
         train_counters, dense_energy, history = s.train_counters, s.dense_energy, s.history
         spent = self.energy.total(train_counters)
         last = history[-1]
@@ -382,7 +383,11 @@ class Trainer:
             "dense_macs": dense_per_sample * n * cfg.epochs,
             "history": history,
             "weights_sha256": golden.weights_sha256(weights),
-            "wall_s": time.perf_counter() - start,
+            "wall_s": wall_s,
+            # simulated engine cycles (the `cycles` counter: cycles a command ran) per wall
+            # second of the run; 0 on the model backend, whose cycle counters stay zero
+            "sim_cycles_per_s": (train_counters["cycles"] + s.eval_counters["cycles"]) / wall_s,
+            **(link.resend_counts() if (link := _link(dev)) is not None else {}),
         }
 
 

@@ -33,13 +33,16 @@ from ember_hw.uart import UARTRx, UARTTx
 
 #: Deeper than a fully escaped longest frame (every byte doubled) plus delimiters.
 FIFO_DEPTH = 1 << (2 * max(MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES) + 4).bit_length()
-#: Bytes per bench access of a burst port: a longest frame moves in about five wakes. Wider
-#: ports cost Verilator nothing while idle, and Python converts a port's value in one call.
-BURST_BYTES = 256
+#: Bytes per bench access of a burst port: a longest frame moves in about 17 wakes. Wider
+#: ports cost every cycle: Verilator evaluates the burst registers' next-state logic (a
+#: shift of the whole register) at every clock edge, busy or not; at 256 bytes that was
+#: about a third of the board's cycle (docs/architecture.md).
+BURST_BYTES = 64
 
 
 class SimBoard(wiring.Component):
-    """Ports (all synchronous to `clk`; the module docstring describes the burst protocol):
+    """Ports (all synchronous to `clk`; the module docstring describes the burst protocol;
+    ember_sim.board wraps the design so that `clk` runs inside it):
       host_w_burst In(8 * BURST_BYTES), host_w_count In(range(BURST_BYTES + 1)),
       host_w_load In(1): a burst of bytes towards the engine; host_w_busy Out(1): its bytes are
       still being taken;

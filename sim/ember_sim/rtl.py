@@ -75,7 +75,7 @@ __all__ = [
     "VERILATOR_BUILD_ARGS", "CocotbTestFailure", "SimBuild", "Outcome", "TestOutcome",
     "verilator_env", "require_simulator", "simulator_params", "default_build_dir",
     "write_verilog", "build", "run", "simulate", "load_case", "write_result",
-    "ICE40_MODEL_ARGS", "ice40_cells_sim",
+    "ICE40_MODEL_ARGS", "ice40_cells_sim", "with_free_running_clock", "TIMING_BUILD_ARGS",
 ]
 
 SIMULATORS = ("verilator", "icarus")
@@ -105,6 +105,10 @@ VERILATOR_BUILD_ARGS = ("-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-W
 #: MAKEFLAGS overrides it for cocotb's separate `make -f Vtop.mk` step.
 VERILATOR_MAKE_FIX = "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O2"
 ICARUS_BUILD_ARGS = ()
+#: Verilator arguments for designs with delays (``with_free_running_clock``): ``--timing``
+#: compiles them into C++ coroutines, which need C++20 and GCC's -fcoroutines; the PyPI
+#: wheel's verilated.mk does not add those flags itself.
+TIMING_BUILD_ARGS = ("--timing", "-CFLAGS", "-std=gnu++20", "-CFLAGS", "-fcoroutines")
 #: Build arguments for Yosys's iCE40 cell models (``ice40_cells_sim()``): without this define
 #: they give input ports default values, which Icarus 11 cannot parse (Verilator accepts both).
 ICE40_MODEL_ARGS = ("-DNO_ICE40_DEFAULT_ASSIGNMENTS",)
@@ -308,6 +312,51 @@ def icarus_time_zero_fix(text: str) -> str:
     text = "".join(out)
     return _TRIGGER.sub(lambda m: f"{m.group(0)}\n{m.group(1)}initial #1 {m.group(2)} = 1'b1;",
                         text)
+
+
+def with_free_running_clock(text: str, toplevel: str, clock: str, period_ps: int) -> str:
+    """Verilog in which module `toplevel` drives its own clock: the Verilog `text` with its
+    module `toplevel` renamed ``<toplevel>__design`` and a new module `toplevel` around it
+    that has the same ports except the input `clock`, which becomes a register toggled every
+    `period_ps` / 2 ps (``always #...``), low at time zero, its first rising edge half a
+    period in.
+
+    Why: a clock driven from the bench (cocotb's ``Clock``, even its C implementation) costs
+    a VPI callback and a value write at every edge, about as much as evaluating a design of
+    the engine's size. A clock inside the design costs the simulator's own scheduling only
+    (Verilator: build with TIMING_BUILD_ARGS). The bench still sees the clock as
+    ``dut.<clock>`` and waits on its edges; it must not drive it.
+    """
+    if period_ps % 2:
+        raise ValueError(f"clock period {period_ps} ps is odd: it needs two equal halves")
+    header = re.search(rf"^module {re.escape(toplevel)}\((.*?)\);", text, re.M | re.S)
+    if not header:
+        raise ValueError(f"no module {toplevel} in the Verilog text")
+    ports = [p.strip() for p in header.group(1).split(",")]
+    if clock not in ports:
+        raise ValueError(f"module {toplevel} has no port {clock!r} (ports: {ports})")
+    body = text[header.end():text.index("endmodule", header.end())]
+    declarations = []
+    for port in ports:
+        found = re.search(rf"^\s*(input|output)\s*(\[[^\]]*\])?\s*{re.escape(port)}\s*;",
+                          body, re.M)
+        if not found:
+            raise ValueError(f"module {toplevel}: no declaration of port {port}")
+        if port != clock:
+            declarations.append(f"  {found.group(1)} {found.group(2) or ''} {port};")
+    design = f"{toplevel}__design"
+    renamed = text[:header.start()] + f"module {design}(" + text[header.start() +
+                                                              len(f"module {toplevel}("):]
+    others = [p for p in ports if p != clock]
+    half_ns = period_ps / 2000
+    return renamed + f"""
+module {toplevel}({", ".join(others)});
+{chr(10).join(declarations)}
+  reg {clock} = 1'b0;
+  always #{half_ns:g} {clock} = ~{clock};
+  {design} wrapped({", ".join(f".{p}({p})" for p in ports)});
+endmodule
+"""
 
 
 def _write_if_changed(path: Path, text: str) -> bool:

@@ -18,7 +18,8 @@ carried as many frames and the wires are quiet, nothing can happen until the hos
 
 Case (ember_sim.rtl.load_case): {"port_file": path, "port": 0 or a fixed port,
 "accept_timeout_s": seconds to wait for the host, "quiet_cycles": idle cycles after which the
-link is surely idle and the bench blocks on the socket instead of simulating}; ``serve_pins``
+link is surely idle and the bench blocks on the socket instead of simulating, "progress_file":
+where the simulated time goes for the host (_Progress), optional}; ``serve_pins``
 also takes the pins and timing of ember_sim.board_sim.BoardTopSim.bench_case() and writes
 back {"cycles", "leds": {role: {"pin", "active_low", "start", "end", "seen", "changes"}},
 "line_errors"}: each LED pin's level after the start-up, at the end, every level it had and
@@ -32,7 +33,8 @@ import socket
 import cocotb
 from cocotb.clock import Clock
 from cocotb.queue import Queue
-from cocotb.triggers import Event, FallingEdge, First, Timer
+from cocotb.simtime import get_sim_time
+from cocotb.triggers import Event, FallingEdge, First, RisingEdge, Timer
 
 from ember import spec
 from ember.protocol import SlipDecoder
@@ -86,6 +88,21 @@ async def drain(dut):
     return bytes(out), spent
 
 
+class _Progress:
+    """The simulation's progress for the host: the simulated time in picoseconds, as 8
+    little-endian bytes at the start of the file `path` (the case's "progress_file"), which
+    ember.device.SimulationClock reads. The host measures its link timeouts on it, so a slow
+    simulator makes the host wait longer, never send a frame again. No file: does nothing."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644) if path else None
+        self.update()
+
+    def update(self):
+        if self.fd is not None:
+            os.pwrite(self.fd, int(get_sim_time("ps")).to_bytes(8, "little"), 0)
+
+
 def _accept(case):
     """Listen on the loopback port of `case`, name it in the port file, wait for the host;
     returns the non-blocking connection."""
@@ -105,13 +122,14 @@ def _accept(case):
     return conn
 
 
-async def _serve(conn, link, quiet_limit, profile=None):
+async def _serve(conn, link, quiet_limit, profile=None, progress=None):
     """Move bytes between the host's connection and `link` (_BurstLink or _PinLink) until the
     host closes it; returns the cycles simulated while bytes moved or the link settled (not
     while the engine ran a command: see _BurstLink.run_while_busy). `quiet_limit`: cycles
     without traffic after which the link is surely idle (a UART byte takes 10 * divisor
     cycles; give it a few bytes' time). `profile`, a dict, gets the wall seconds spent in
-    each part of the loop ("send", "receive", "busy", "step", "host") and the wakes of each."""
+    each part of the loop ("send", "receive", "busy", "step", "host") and the wakes of each;
+    `progress` (a _Progress) is told the simulated time at every turn of the loop."""
     import time
     profile = {} if profile is None else profile
     clock_now = time.perf_counter
@@ -122,9 +140,11 @@ async def _serve(conn, link, quiet_limit, profile=None):
         profile[part + "_n"] = profile.get(part + "_n", 0) + 1
         return now
 
+    progress = progress or _Progress(None)
     step = MIN_STEP
     cycles = quiet = 0
     while True:
+        progress.update()
         t = clock_now()
         try:
             data = conn.recv(1 << 16)
@@ -183,8 +203,13 @@ class _BurstLink:
         dut.host_w_count.value = 0
         dut.host_w_burst.value = 0
         dut.host_r_take.value = 0
-        self.clock = clock.start_clock(dut)
-        await clock.reset(dut, self.clock)
+        # the clock runs inside the design (ember_sim.board.build_board): hold the
+        # synchronous reset for two rising edges
+        dut.rst.value = 1
+        for _ in range(2):
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        await RisingEdge(dut.clk)
 
     async def ready(self):
         await FallingEdge(self.dut.clk)
@@ -229,7 +254,8 @@ async def serve(dut):
     conn = _accept(case)
     await link.ready()
     profile = {}
-    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)), profile)
+    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)), profile,
+                          _Progress(case.get("progress_file")))
     rtl.write_result({"cycles": cycles, "profile": profile})
 
 
@@ -359,7 +385,8 @@ async def serve_pins(dut):
     await link.start()
     conn = _accept(case)
     profile = {}
-    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)), profile)
+    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)), profile,
+                          _Progress(case.get("progress_file")))
     rtl.write_result({"cycles": cycles, "profile": profile, **link.report()})
 
 
@@ -371,7 +398,8 @@ async def idle_speed(dut):
     link = _BurstLink(dut)
     await link.start()
     start, start_cpu = time.perf_counter(), time.process_time()
-    await clock.wait_cycles(link.clock, count)
+    await link.ready()
+    await cycles(dut, count)
     # CPU seconds too: on a shared machine they do not grow with other processes' load
     rtl.write_result({"cycles": count, "seconds": time.perf_counter() - start,
                       "cpu_seconds": time.process_time() - start_cpu})
