@@ -10,11 +10,12 @@ ports, up to BURST_BYTES per wake, and its `busy` and `idle` outputs tell when t
 done.
 
 ``serve_pins``: a real board top (ember_sim.board_sim; selected by name) driven through its
-pins only (`_PinLink`): the bench drives the clock pin, sends the host's bytes as 8N1 bits on
-the UART rx pin and reads the tx pin's bits back into bytes (one wake per bit), and watches the
-LED pins. With no status port, it tells a link at rest by counting frames: every request frame
-is answered by exactly one response frame (ember.protocol), so once both directions have
-carried as many frames and the wires are quiet, nothing can happen until the host sends.
+pins only (`_PinLink`): the clock pin runs inside the design, the bench sends the host's
+bytes as 8N1 bits on the UART rx pin and reads the tx pin's bits back into bytes (one wake per
+bit), and watches the LED pins. With no status port, it tells a link at rest by counting
+frames: every request frame is answered by exactly one response frame (ember.protocol), so
+once both directions have carried as many frames and the wires are quiet, nothing can happen
+until the host sends.
 
 Case (ember_sim.rtl.load_case): {"port_file": path, "port": 0 or a fixed port,
 "accept_timeout_s": seconds to wait for the host, "quiet_cycles": idle cycles after which the
@@ -31,7 +32,6 @@ import select
 import socket
 
 import cocotb
-from cocotb.clock import Clock
 from cocotb.queue import Queue
 from cocotb.simtime import get_sim_time
 from cocotb.triggers import Event, FallingEdge, First, RisingEdge, Timer
@@ -265,7 +265,8 @@ def _level(handle):
 
 
 class _PinLink:
-    """A board top through its pins: the clock pin, the UART's rx (driven here) and tx
+    """A board top through its pins: the clock pin (running inside the design, watched for
+    its edges), the UART's rx (driven here) and tx
     (sampled here) pins and the LED pins (watched). Frames are counted both ways."""
 
     def __init__(self, dut, case):
@@ -288,7 +289,7 @@ class _PinLink:
 
     async def start(self):
         self.rx.value = 1                              # the line idles high
-        Clock(self.clock, self.period_ps, unit="ps", impl="gpi").start(start_high=False)
+        # the clock pin runs inside the design (ember_sim.board_sim.build_board_top)
         # the PLL model locks, then the top holds the engine in reset (engine_domain)
         await Timer(self.startup_cycles * self.period_ps, unit="ps")
         await FallingEdge(self.clock)
