@@ -129,7 +129,8 @@ async def _serve(conn, link, quiet_limit, profile=None, progress=None):
     without traffic after which the link is surely idle (a UART byte takes 10 * divisor
     cycles; give it a few bytes' time). `profile`, a dict, gets the wall seconds spent in
     each part of the loop ("send", "receive", "busy", "step", "host") and the wakes of each;
-    `progress` (a _Progress) is told the simulated time at every turn of the loop."""
+    `progress` (a _Progress) is told the simulated time at every turn of the loop. At the
+    end `profile` also gets the loop's wall and CPU seconds and the simulated ns."""
     import time
     profile = {} if profile is None else profile
     clock_now = time.perf_counter
@@ -141,6 +142,7 @@ async def _serve(conn, link, quiet_limit, profile=None, progress=None):
         return now
 
     progress = progress or _Progress(None)
+    started, started_cpu = clock_now(), time.process_time()
     step = MIN_STEP
     cycles = quiet = 0
     while True:
@@ -185,6 +187,10 @@ async def _serve(conn, link, quiet_limit, profile=None, progress=None):
             step = min(MAX_STEP, step * 2)
             spent("step", t)
     conn.close()
+    # the simulator process's CPU seconds too: on a shared machine they do not grow with
+    # the other processes' load the way wall seconds do
+    profile.update(wall_s=clock_now() - started, cpu_s=time.process_time() - started_cpu,
+                   sim_ns=int(get_sim_time("ns")))
     return cycles
 
 
