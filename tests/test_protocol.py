@@ -77,7 +77,8 @@ class FakePort:
       "corrupt_request" one byte of the request is flipped before the device sees it
       "late"            the response arrives only after the next request is written
       "noise"           line noise (then the real response) arrives
-    ``read`` returns at once with what is buffered (nothing = a timeout).
+    ``read`` returns at once with what is buffered (nothing = a timeout); ``polls`` counts
+    the calls, the clock make_link's Link measures its timeouts on.
     """
 
     def __init__(self, device, faults=None, seed=0):
@@ -87,6 +88,7 @@ class FakePort:
         self.requests = 0
         self.written = 0
         self.read_out = 0
+        self.polls = 0
         self._decoder = SlipDecoder()
         self._inbox = bytearray()
         self._late = b""
@@ -121,6 +123,7 @@ class FakePort:
         return bytes(data)
 
     def read(self, n):
+        self.polls += 1
         out = bytes(self._inbox[:n])
         del self._inbox[:n]
         self.read_out += len(out)
@@ -137,8 +140,10 @@ class FakePort:
 def make_link(device=None, faults=None, retries=5):
     device = device or FakeDevice()
     port = FakePort(device, faults)
-    # generous enough that a loaded machine does not turn slowness into retries
-    return Link(port, retries=retries, timeout=0.1), port, device
+    # the timeout counts the port's reads, not wall seconds: an answer the port holds is
+    # read at the first poll however loaded the machine is (a 0.1 s wall-clock timeout once
+    # made a loaded machine resend a frame here), and a lost one gives up after 8 empty polls
+    return Link(port, retries=retries, timeout=8, clock=lambda: port.polls), port, device
 
 
 # --- CRC and SLIP --------------------------------------------------------------------------------
