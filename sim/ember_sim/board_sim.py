@@ -127,8 +127,10 @@ def simulation_platform(base):
         def toolchain_prepare(self, design, name, **kwargs):
             # what a bitstream build converts to RTLIL: the design with the pins as its ports
             from amaranth.back import verilog
-            text, _ = verilog.convert_fragment(design, name=name, emit_src=False,
-                                               propagate_domains=False)
+            from ember_sim import rtl
+            with rtl.builtin_yosys():        # the same Verilog whatever YOSYS names
+                text, _ = verilog.convert_fragment(design, name=name, emit_src=False,
+                                                   propagate_domains=False)
             return text, dict(self.requested_ports)
 
     SimulationPlatform.__name__ = SimulationPlatform.__qualname__ = f"Simulation{base.__name__}"

