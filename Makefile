@@ -26,7 +26,7 @@ help:
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,fleet]'
 	@touch $(STAMP)
 
 train: $(STAMP)
