@@ -250,9 +250,10 @@ class LocalRun:
 
     def train_round(self, device, r):
         """Train round r's batches on `device` (which holds the weights to start from).
-        Returns {correct, seen, dropped, skip_smd, dense_energy_pj, last_epoch}."""
-        out = {"correct": 0, "seen": 0, "dropped": 0, "skip_smd": 0, "dense_energy_pj": 0.0,
-               "last_epoch": None}
+        Returns {correct, seen, trained, dropped, skip_smd, dense_energy_pj, last_epoch}:
+        samples trained, batches trained and dropped, ..."""
+        out = {"correct": 0, "seen": 0, "trained": 0, "dropped": 0, "skip_smd": 0,
+               "dense_energy_pj": 0.0, "last_epoch": None}
         ds = self.ds
         for epoch, idx, settings in self._batches(r):
             b = len(idx)
@@ -264,6 +265,7 @@ class LocalRun:
                 continue
             out["correct"] += int(device.train_batch(ds.x_train[idx], ds.y_train[idx], settings))
             out["seen"] += b
+            out["trained"] += 1
         return out
 
     def skip_round(self, r):

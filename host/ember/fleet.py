@@ -21,8 +21,9 @@ arithmetic, so the figure is the one every device would give), and writes a chec
 
 Faults
 ------
-A device whose actor dies (its process killed, its port closed, any error) or that has not
-answered within `round_timeout` seconds is dropped from the round: its actor is killed, the
+A device whose actor dies (its process killed, its port closed, any error), that cannot be
+opened within `open_timeout` seconds, or whose training has not answered within
+`round_timeout` seconds is dropped from the round: its actor is killed, the
 round is combined from the others, and the round's record names it with the reason. At the
 next round a new actor opens the device again, draws the missed round's policy values without
 training (so its stream of batches is where it would have been) and starts from the current
@@ -141,7 +142,10 @@ class FleetConfig:
     rounds:        rounds the run's batches are cut into (None: one round per epoch);
     combine:       'mean' (integer weighted average) or 'sign' (sign majority vote);
     split:         'iid' or 'dirichlet' (label-skewed, concentration `alpha`);
-    round_timeout: seconds a round may take before the devices still training are dropped;
+    round_timeout: seconds a round's training may take before the devices still training are
+                   dropped;
+    open_timeout:  seconds a device's actor may take to open it (a simulator's first start
+                   builds the gateware);
     ray_address:   an existing Ray cluster to join (None: a local Ray, started in-process).
     """
     rounds: int | None = None
@@ -149,6 +153,7 @@ class FleetConfig:
     split: str = "iid"
     alpha: float = 0.5
     round_timeout: float = 600.0
+    open_timeout: float = 900.0
     ray_address: str | None = None
 
     def check(self, cfg):
@@ -161,8 +166,10 @@ class FleetConfig:
             raise ConfigError(f"Dirichlet alpha {self.alpha} must be positive")
         if self.rounds is not None and self.rounds < 1:
             raise ConfigError(f"rounds {self.rounds} must be at least 1")
-        if not self.round_timeout > 0:
-            raise ConfigError(f"round timeout {self.round_timeout} s must be positive")
+        for name in ("round_timeout", "open_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name.replace('_', ' ')} {getattr(self, name)} s must be "
+                                  f"positive")
         return self
 
     def rounds_for(self, cfg):
@@ -427,14 +434,28 @@ class Fleet:
     def _round(self, r, members, weights, history):
         """One round: send, wait (at most round_timeout), drop who failed, combine, check."""
         t0 = time.perf_counter()
+        results, missing = {}, {}
+        # (re)open devices first: a simulator's start or a board's reset is not training time
+        opening = {}
         for k, m in enumerate(members):
             if m.actor is None:
                 self._start_actor(k, m, r)
-        refs = {k: m.actor.run_round.remote(r, weights) for k, m in enumerate(members)}
+                opening[k] = m.actor.identify.remote()
+        if opening:
+            ray.wait(list(opening.values()), num_returns=len(opening),
+                     timeout=self.fleet.open_timeout)
+        for k, ref in opening.items():
+            try:
+                members[k].info = ray.get(ref, timeout=0)
+            except GetTimeoutError:
+                missing[k] = f"did not open within {self.fleet.open_timeout:g} s"
+            except RayError as e:
+                missing[k] = f"could not open ({_reason(e)})"
+        refs = {k: m.actor.run_round.remote(r, weights) for k, m in enumerate(members)
+                if k not in missing}
         if self.on_round is not None:
             self.on_round(r, [m.actor for m in members])
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.fleet.round_timeout)
-        results, missing = {}, {}
         for k, ref in refs.items():       # device order, whatever order they finished in
             try:
                 results[k] = ray.get(ref, timeout=0)
@@ -444,6 +465,7 @@ class Fleet:
                 missing[k] = f"actor died ({_reason(e)})"
             except RayTaskError as e:
                 missing[k] = f"device failed ({_reason(e)})"
+        missing = dict(sorted(missing.items()))
         for k in missing:
             self._drop(members[k])
             members[k].rounds_missed.append(r)
@@ -470,6 +492,7 @@ class Fleet:
             "devices": present,
             "missing": {str(k): why for k, why in sorted(missing.items())},
             "samples_seen": {str(k): results[k]["seen"] for k in present},
+            "batches_trained": {str(k): results[k]["trained"] for k in present},
             "batches_dropped": {str(k): results[k]["dropped"] for k in present},
             "energy_pj": {str(k): results[k]["energy_pj"] for k in present},
             "link_bytes": {str(k): v for k, v in link.items()},
@@ -519,6 +542,7 @@ class Fleet:
             "dense_energy_pj": dense,
             "saved_fraction": 1.0 - spent / dense if dense else 0.0,
             "devices": [{"board": m.board.label, "samples": int(len(m.shard)),
+                         "build": (m.info or {}).get("build"),
                          "label_counts": counts[k].tolist(), "energy_pj": m.energy_pj,
                          "dense_energy_pj": m.dense_energy_pj, "counters": m.counters,
                          "rounds_missed": m.rounds_missed} for k, m in enumerate(members)],
@@ -530,10 +554,23 @@ class Fleet:
 
 
 def _reason(error):
-    """The first line of a Ray error's cause, for the round's report."""
+    """What went wrong, in a line, for the round's report: the exception the actor's
+    constructor or its device raised ("ConfigError: cannot open port ..."), else Ray's own
+    first line (the process died)."""
     cause = getattr(error, "cause", None)
-    text = str(cause if cause is not None else error).strip().splitlines()
-    return text[-1][:200] if text else type(error).__name__
+    if cause is not None and not isinstance(cause, RayError):
+        text = f"{type(cause).__name__}: {cause}"
+    else:
+        text = str(getattr(error, "error_msg", None) or error)
+        lines = text.splitlines()
+        frames = [i for i, line in enumerate(lines) if line.strip().startswith("File \"")]
+        if frames:        # a traceback: the exception line follows the last frame
+            after = [line for line in lines[frames[-1] + 1:]
+                     if line and not line[0].isspace()]
+            text = "\n".join(after) or text
+    first = next((line.strip() for line in text.splitlines() if line.strip()),
+                 type(error).__name__)
+    return first[:300]
 
 
 def summary(result):
