@@ -37,6 +37,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m ember.bench $(ARGS)
+	$(BIN)/python -m ember.bench --fleet $(ARGS)
 
 bitstream: $(STAMP)
 	$(BIN)/python -m ember_boards.build --board $(BOARD) --seed $(SEED) --out build/$(BOARD)

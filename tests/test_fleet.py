@@ -254,3 +254,17 @@ def test_import_without_ray_says_how_to_get_it():
     # the arithmetic does not need Ray
     code = "import sys; sys.modules['ray'] = None; import ember.federated, ember.cli"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_fleet_bench_quick_writes_its_table_and_plot(tmp_path):
+    from ember import bench
+    assert bench.main(["--fleet", "--quick", "--sim-epochs", "0", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "fleet.json").read_text())
+    assert [(row["devices"], row["split"], row["scaled"]) for row in r["rows"]] == \
+        [(1, "iid", False), (2, "iid", False), (2, "iid", True), (2, "dirichlet", False),
+         (2, "dirichlet", True)]
+    assert r["rows"][0]["delta_points"] == 0.0 and r["sim"] is None
+    assert all(row["link_bytes_per_round"] > 0 and row["energy_uj_mean"] > 0
+               for row in r["rows"])
+    assert "| devices | split |" in (tmp_path / "fleet.md").read_text()
+    assert (tmp_path / "fleet_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
