@@ -35,8 +35,9 @@ def local_ray():
 
 class Faulty:
     """A model device that misbehaves once, on train_batch call `at` (0-based) of this
-    process: 'exit' kills the actor's process, 'sleep' stalls it for a minute, 'delay'
-    sleeps `seconds` before every batch (a slow device). The marker file makes the fault
+    process: 'exit' kills the actor's process, 'sleep' stalls it for a minute, 'close' closes
+    its port (the link then talks to a closed pyserial port), 'delay' sleeps `seconds` before
+    every batch (a slow device). The marker file makes the fault
     happen in one process only, so the device comes back healthy when it rejoins."""
 
     def __init__(self, fault, at=0, marker=None, seconds=0.0):
@@ -61,7 +62,13 @@ class _FaultyDevice:
             open(f.marker, "w").close()
             if f.fault == "exit":
                 os._exit(1)
-            time.sleep(60)
+            if f.fault == "close":
+                import serial
+                port = serial.serial_for_url("loop://")
+                port.close()
+                self.device.link.port = port
+            else:
+                time.sleep(60)
         self.calls += 1
         return self.device.train_batch(*args)
 
@@ -176,6 +183,15 @@ def test_killed_actor_is_dropped_from_its_round_and_rejoins(clean_run, tmp_path)
     assert r["history"][0]["devices"] == [1, 2] and "actor died" in \
         r["history"][0]["missing"]["0"]
     assert r["history"][1]["devices"] == [0, 1, 2]
+    # its port closed in round 4: the device fails, the actor lives, the round goes on
+    boards = fleet.boards_from(3)
+    boards[2] = Board(factory=Faulty("close", at=mid_round(clean_run, 2, 3),
+                                     marker=str(tmp_path / "closed")))
+    r = run_fleet(boards, cfg, split="dirichlet", alpha=1.0, rounds=4)
+    assert [list(h["missing"]) for h in r["history"]] == [[], [], [], ["2"]]
+    assert r["history"][3]["missing"]["2"].startswith("device failed (PortNotOpenError")
+    assert [h["weights_sha256"] for h in r["history"][:3]] == \
+        [h["weights_sha256"] for h in clean_run["history"][:3]]
 
 
 def test_device_that_does_not_answer_in_time_is_dropped(clean_run, tmp_path):
@@ -241,6 +257,9 @@ def test_fleet_errors_are_clear(capsys):
         (["--boards", "2", "--backend", "board"], "named by --ports"),
         (["--boards", "2", "--epochs", "1", "--rounds", "30"], "30 rounds, but device 0"),
         (["--boards", "2", "--plot", "x.png"], "--plot is for a single device"),
+        (["--ports", "/dev/ember-no-such-port"], "no device of the fleet finished round 1: "
+         "device 0 (board:/dev/ember-no-such-port): could not open (ember.spec.ConfigError: "
+         "cannot open port '/dev/ember-no-such-port'"),
     ]:
         assert cli.main(["train", "--quiet", *argv]) == 2
         assert message in capsys.readouterr().err

@@ -181,6 +181,11 @@ class FleetConfig:
                 "alpha": float(self.alpha)}
 
 
+class DeviceFailure(RuntimeError):
+    """A device's error on its way from its actor to the coordinator: the original
+    exception's type and message (its class may not unpickle in the coordinator)."""
+
+
 # --- The actor ----------------------------------------------------------------------------------
 
 class DeviceActor:
@@ -217,10 +222,13 @@ class DeviceActor:
         """Load `weights`, train round r's batches, and return the weights, the round's
         counters and energy, and the LocalRun state after the round."""
         start = time.perf_counter()
-        self.device.load_weights(weights)
-        out = self.local.train_round(self.device, r)
-        out["weights"] = self.device.read_weights()
-        counters = self.device.take_counters()
+        try:
+            self.device.load_weights(weights)
+            out = self.local.train_round(self.device, r)
+            out["weights"] = self.device.read_weights()
+            counters = self.device.take_counters()
+        except Exception as e:
+            raise DeviceFailure(f"{type(e).__name__}: {e}") from None
         counters["skip_smd"] = out.pop("skip_smd")
         out["counters"] = counters
         out["energy_pj"] = self.trainer.energy.total(counters)
@@ -390,7 +398,11 @@ class Fleet:
         if not ray.is_initialized():
             options = {"include_dashboard": False, "log_to_driver": False}
             if self.fleet.ray_address:
-                ray.init(address=self.fleet.ray_address, **options)
+                try:
+                    ray.init(address=self.fleet.ray_address, **options)
+                except (ConnectionError, RuntimeError, ValueError) as e:
+                    raise ConfigError(f"cannot join the Ray cluster at "
+                                      f"{self.fleet.ray_address}: {e}") from None
             else:
                 # the fleet's objects are weights of a few KiB: a small object store
                 ray.init(object_store_memory=256 << 20, **options)
@@ -465,11 +477,16 @@ class Fleet:
                 missing[k] = f"actor died ({_reason(e)})"
             except RayTaskError as e:
                 missing[k] = f"device failed ({_reason(e)})"
+            except RayError as e:                  # whatever else Ray reports: not an answer
+                missing[k] = f"lost ({_reason(e)})"
         missing = dict(sorted(missing.items()))
         for k in missing:
             self._drop(members[k])
             members[k].rounds_missed.append(r)
         present = sorted(results)
+        if not present and r == 0 and self.resume is None:
+            raise ConfigError("no device of the fleet finished round 1: " + "; ".join(
+                f"device {k} ({members[k].board.label}): {why}" for k, why in missing.items()))
         if present:
             weights = combine(self.fleet.combine, weights,
                               [results[k]["weights"] for k in present],
@@ -558,7 +575,9 @@ def _reason(error):
     constructor or its device raised ("ConfigError: cannot open port ..."), else Ray's own
     first line (the process died)."""
     cause = getattr(error, "cause", None)
-    if cause is not None and not isinstance(cause, RayError):
+    if isinstance(cause, DeviceFailure):
+        text = str(cause)
+    elif cause is not None and not isinstance(cause, RayError):
         text = f"{type(cause).__name__}: {cause}"
     else:
         text = str(getattr(error, "error_msg", None) or error)
