@@ -281,7 +281,8 @@ def test_fleet_bench_quick_writes_its_table_and_plot(tmp_path):
     r = json.loads((tmp_path / "fleet.json").read_text())
     assert [(row["devices"], row["split"], row["scaled"]) for row in r["rows"]] == \
         [(1, "iid", False), (2, "iid", False), (2, "iid", True), (2, "dirichlet", False),
-         (2, "dirichlet", True)]
+         (2, "dirichlet", True), (2, "iid", True)]
+    assert [row["epochs"] for row in r["rows"]] == [2] * 5 + [3]
     assert r["rows"][0]["delta_points"] == 0.0 and r["sim"] is None
     assert all(row["link_bytes_per_round"] > 0 and row["energy_uj_mean"] > 0
                for row in r["rows"])

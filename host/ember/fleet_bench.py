@@ -6,7 +6,8 @@ On the model backend, fleets of N = 1, 2, 4 and 8 devices train the E2-Train set
 digits (64-32-10, batch 32), one round per epoch, each device on 1/N of the training set:
 IID shards and label-skewed Dirichlet(alpha 0.5) shards, each with the settings as they are
 and with the step sizes scaled to the fleet (lr_shift - log2 N, psg_step + log2 N: averaging
-N devices that each took 1/N of the steps moves the weights about 1/N as far). Per row: test
+N devices that each took 1/N of the steps moves the weights about 1/N as far); then the
+largest fleet again, scaled, with 1.5 times the epochs. Per row: test
 accuracy (mean and std over seeds) and its difference to one device, total energy and the
 per-device mean, link bytes per round, wall time. Plus 2 simulated boards (Verilator) for
 `--sim-epochs` epochs, checked bit for bit against the same fleet on the model backend.
@@ -14,11 +15,11 @@ per-device mean, link bytes per round, wall time. Plus 2 simulated boards (Veril
 Output in --out (default build/bench): fleet.json, fleet.md (the table docs/fleet.md quotes)
 and fleet_accuracy.png (test accuracy against rounds).
 
-fleet.json keys: rows[].{devices, split, scaled, test_accuracy_mean, test_accuracy_std,
+fleet.json keys: rows[].{devices, split, scaled, epochs, test_accuracy_mean, test_accuracy_std,
 delta_points, energy_uj_mean, device_energy_uj_mean, link_bytes_per_round, wall_s_mean,
 accuracy_by_round}; sim.{boards, epochs, test_accuracy, energy_uj, link_bytes_per_round,
 wall_s, same_as_model}; setup.{preset, epochs, seeds, alpha, network, batch_size};
-aim.{met, worst_delta_points}.
+aim.{met, worst_delta_points, by_devices}.
 """
 
 import argparse
@@ -57,7 +58,7 @@ def run_row(ds, devices, split, scaled, seeds, epochs, log):
         runs.append(r)
     accs = [r["test_accuracy"] for r in runs]
     row = {
-        "devices": devices, "split": split, "scaled": scaled,
+        "devices": devices, "split": split, "scaled": scaled, "epochs": epochs,
         "test_accuracy_mean": statistics.mean(accs),
         "test_accuracy_std": statistics.pstdev(accs),
         "energy_uj_mean": statistics.mean(r["energy_pj"] for r in runs) / 1e6,
@@ -71,7 +72,7 @@ def run_row(ds, devices, split, scaled, seeds, epochs, log):
                               for i in range(len(runs[0]["history"]))],
         "weights_sha256": [r["weights_sha256"] for r in runs],
     }
-    log(f"  N={devices} {split:9s} {'scaled' if scaled else 'as is':6s}: "
+    log(f"  N={devices} {split:9s} {'scaled' if scaled else 'as is':6s} {epochs} epochs: "
         f"{100 * row['test_accuracy_mean']:.2f} % +- {100 * row['test_accuracy_std']:.2f}, "
         f"{row['energy_uj_mean']:.1f} uJ, {row['link_bytes_per_round']:,.0f} link B/round, "
         f"{row['wall_s_mean']:.1f} s")
@@ -106,18 +107,18 @@ def sim_figures(ds, epochs, log):
 def markdown(rows, sim, setup):
     base = next(r for r in rows if r["devices"] == 1)
     lines = [f"Fleets on digits, {setup['network']}, {setup['preset']} settings, batch "
-             f"{setup['batch_size']}, {setup['epochs']} epochs = rounds, {setup['seeds']} "
-             f"seeds; each device trains on 1/N of the {setup['train_samples']} training "
-             f"samples (dirichlet: alpha {setup['alpha']}).",
+             f"{setup['batch_size']}, one round per epoch, {setup['seeds']} seeds; each device "
+             f"trains on 1/N of the {setup['train_samples']} training samples (dirichlet: "
+             f"alpha {setup['alpha']}).",
              "",
-             "| devices | split | steps | test accuracy | vs 1 device | energy total | "
+             "| devices | split | steps | epochs | test accuracy | vs 1 device | energy total | "
              "energy per device | link bytes per round | wall |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         delta = 100 * (r["test_accuracy_mean"] - base["test_accuracy_mean"])
         lines.append(
             f"| {r['devices']} | {r['split'] if r['devices'] > 1 else '-'} | "
-            f"{'scaled' if r['scaled'] else 'as is'} | "
+            f"{'scaled' if r['scaled'] else 'as is'} | {r['epochs']} | "
             f"{100 * r['test_accuracy_mean']:.2f} % +- {100 * r['test_accuracy_std']:.2f} | "
             f"{delta:+.2f} | {r['energy_uj_mean']:.1f} uJ | "
             f"{r['device_energy_uj_mean']:.1f} uJ (max {r['device_energy_uj_max']:.1f}) | "
@@ -145,6 +146,8 @@ def plot(rows, path):
             rounds = range(1, len(r["accuracy_by_round"]) + 1)
             style = "-" if r["split"] == "iid" or r["devices"] == 1 else "--"
             label = "1 device" if r["devices"] == 1 else f"{r['devices']} devices, {r['split']}"
+            if r["epochs"] != rows[0]["epochs"]:
+                style, label = ":", f"{label}, {r['epochs']} epochs"
             ax.plot(rounds, [100 * a for a in r["accuracy_by_round"]], style, label=label,
                     color=f"C{[1, 2, 4, 8].index(r['devices'])}")
         ax.set_title("step sizes scaled to the fleet" if scaled else "settings as they are")
@@ -186,6 +189,9 @@ def main(argv=None):
             for split in SPLITS:
                 for scaled in (False, True):
                     rows.append(run_row(ds, n, split, scaled, seeds, epochs, log))
+        # the largest fleet again with half as many epochs more: what it takes to catch up
+        more = epochs + epochs // 2
+        rows.append(run_row(ds, sizes[-1], "iid", True, seeds, more, log))
         sim_epochs = args.sim_epochs if args.sim_epochs is not None else \
             (1 if args.quick else 2)
         sim = sim_figures(ds, sim_epochs, log) if sim_epochs else None
@@ -195,13 +201,15 @@ def main(argv=None):
     base = rows[0]["test_accuracy_mean"]
     for r in rows:
         r["delta_points"] = 100 * (r["test_accuracy_mean"] - base)
-    iid_scaled = [r for r in rows if r["devices"] > 1 and r["split"] == "iid" and r["scaled"]]
+    iid_scaled = [r for r in rows if r["devices"] > 1 and r["split"] == "iid" and r["scaled"]
+                  and r["epochs"] == epochs]
     worst = min((r["delta_points"] for r in iid_scaled), default=0.0)
     setup = {"preset": PRESET, "epochs": epochs, "seeds": len(seeds), "alpha": ALPHA,
              "network": "64-32-10", "batch_size": 32, "train_samples": len(ds.x_train)}
     results = {"setup": setup, "rows": rows, "sim": sim,
                "aim": {"met": worst >= -1.0, "worst_delta_points": worst,
-                       "rows": "iid, step sizes scaled"}}
+                       "rows": "iid, step sizes scaled, the same epochs",
+                       "by_devices": {r["devices"]: r["delta_points"] for r in iid_scaled}}}
     (out / "fleet.json").write_text(json.dumps(results, indent=2, sort_keys=True))
     table = markdown(rows, sim, setup)
     (out / "fleet.md").write_text(table + "\n")
