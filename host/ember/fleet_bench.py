@@ -12,13 +12,17 @@ accuracy (mean and std over seeds) and its difference to one device, total energ
 per-device mean, link bytes per round, wall time. Plus 2 simulated boards (Verilator) for
 `--sim-epochs` epochs, checked bit for bit against the same fleet on the model backend.
 
+Ray's own costs come first: start-up, starting 8 actors, one call, the weights sent to 8
+actors and back (`--ray-only`: just these, into fleet_ray.json).
+
 Output in --out (default build/bench): fleet.json, fleet.md (the table docs/fleet.md quotes)
 and fleet_accuracy.png (test accuracy against rounds).
 
 fleet.json keys: rows[].{devices, split, scaled, epochs, test_accuracy_mean, test_accuracy_std,
 delta_points, energy_uj_mean, device_energy_uj_mean, link_bytes_per_round, wall_s_mean,
 accuracy_by_round}; sim.{boards, epochs, test_accuracy, energy_uj, link_bytes_per_round,
-wall_s, same_as_model}; setup.{preset, epochs, seeds, alpha, network, batch_size};
+wall_s, same_as_model}; ray.{ray_init_s, start_actors_s, call_ms,
+weights_to_all_and_back_ms}; setup.{preset, epochs, seeds, alpha, network, batch_size};
 aim.{met, worst_delta_points, by_devices}.
 """
 
@@ -104,6 +108,42 @@ def sim_figures(ds, epochs, log):
     return out
 
 
+class _Echo:
+    """A do-nothing actor: what Ray's own costs are measured with."""
+
+    def echo(self, value=None):
+        return value
+
+
+def ray_overhead(started_s, actors=8, calls=200):
+    """Ray's own costs here: start-up (measured by the caller), starting `actors` actor
+    processes, one call to an actor, and the current weights of 64-32-10 sent to every actor
+    and back (a round's traffic without the training). Medians of repeated calls."""
+    import ray
+    import numpy as np
+    t = time.perf_counter()
+    echo = ray.remote(_Echo).options(num_cpus=0)
+    pool = [echo.remote() for _ in range(actors)]
+    ray.get([a.echo.remote() for a in pool])
+    start_actors = time.perf_counter() - t
+    one = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        ray.get(pool[0].echo.remote())
+        one.append(time.perf_counter() - t)
+    weights = [np.zeros((32, 64), np.int16), np.zeros((10, 32), np.int16)]
+    fan = []
+    for _ in range(calls // 4):
+        t = time.perf_counter()
+        ray.get([a.echo.remote(weights) for a in pool])
+        fan.append(time.perf_counter() - t)
+    for a in pool:
+        ray.kill(a)
+    return {"ray_init_s": started_s, "actors": actors, "start_actors_s": start_actors,
+            "call_ms": 1e3 * statistics.median(one),
+            "weights_to_all_and_back_ms": 1e3 * statistics.median(fan)}
+
+
 def markdown(rows, sim, setup):
     base = next(r for r in rows if r["devices"] == 1)
     lines = [f"Fleets on digits, {setup['network']}, {setup['preset']} settings, batch "
@@ -169,6 +209,8 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--sim-epochs", type=int,
                     help="epochs of the 2 simulated boards (default 2, --quick 1; 0: none)")
+    ap.add_argument("--ray-only", action="store_true",
+                    help="only measure Ray's start-up and per-call overheads")
     ap.add_argument("--out", default="build/bench")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -180,8 +222,19 @@ def main(argv=None):
     sizes = (1, 2) if args.quick else SIZES
     import ray
     started = not ray.is_initialized()
+    t = time.perf_counter()
     if started:
         ray.init(include_dashboard=False, log_to_driver=False, object_store_memory=256 << 20)
+    overhead = ray_overhead(time.perf_counter() - t if started else None)
+    log(f"Ray: init {overhead['ray_init_s'] or 0:.1f} s, {overhead['actors']} actors started "
+        f"in {overhead['start_actors_s']:.1f} s, a call {overhead['call_ms']:.2f} ms, weights "
+        f"to {overhead['actors']} actors and back {overhead['weights_to_all_and_back_ms']:.1f}"
+        f" ms (medians)")
+    if args.ray_only:
+        if started:
+            ray.shutdown()
+        (out / "fleet_ray.json").write_text(json.dumps(overhead, indent=2, sort_keys=True))
+        return 0
     try:
         log(f"fleets: N = {', '.join(map(str, sizes))}, {len(seeds)} seeds x {epochs} epochs")
         rows = [run_row(ds, 1, "iid", False, seeds, epochs, log)]
@@ -206,7 +259,7 @@ def main(argv=None):
     worst = min((r["delta_points"] for r in iid_scaled), default=0.0)
     setup = {"preset": PRESET, "epochs": epochs, "seeds": len(seeds), "alpha": ALPHA,
              "network": "64-32-10", "batch_size": 32, "train_samples": len(ds.x_train)}
-    results = {"setup": setup, "rows": rows, "sim": sim,
+    results = {"setup": setup, "rows": rows, "sim": sim, "ray": overhead,
                "aim": {"met": worst >= -1.0, "worst_delta_points": worst,
                        "rows": "iid, step sizes scaled, the same epochs",
                        "by_devices": {r["devices"]: r["delta_points"] for r in iid_scaled}}}
