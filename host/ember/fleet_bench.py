@@ -204,7 +204,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ember.bench --fleet", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 1 seed, 2 epochs, N = 1 and 2, 1 simulated epoch")
+                    help="smoke run: 1 seed, 2 epochs, N = 1 and 2, 1 simulated epoch, Ray's "
+                         "costs with 2 actors")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--sim-epochs", type=int,
@@ -225,7 +226,8 @@ def main(argv=None):
     t = time.perf_counter()
     if started:
         ray.init(include_dashboard=False, log_to_driver=False, object_store_memory=256 << 20)
-    overhead = ray_overhead(time.perf_counter() - t if started else None)
+    overhead = ray_overhead(time.perf_counter() - t if started else None,
+                            **({"actors": 2, "calls": 40} if args.quick else {}))
     log(f"Ray: init {overhead['ray_init_s'] or 0:.1f} s, {overhead['actors']} actors started "
         f"in {overhead['start_actors_s']:.1f} s, a call {overhead['call_ms']:.2f} ms, weights "
         f"to {overhead['actors']} actors and back {overhead['weights_to_all_and_back_ms']:.1f}"
