@@ -8,6 +8,7 @@ import sys
 
 from . import __version__, data, plot, spec
 from .device import BACKENDS, open_device
+from .federated import COMBINES, SPLITS
 from .policies import (KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SSPROP_VARIANTS, TrainConfig,
                        make_config)
 from .protocol import LinkError
@@ -91,7 +92,25 @@ def build_parser():
     t.add_argument("--reference", action="store_true",
                    help="also train the float32 reference and report its accuracy")
     t.add_argument("--quiet", action="store_true", help="no progress output")
+    f = t.add_argument_group("many boards (ember.fleet; needs the fleet extra, Ray)")
+    f.add_argument("--boards", type=int, help="train on a fleet of N devices of --backend")
+    f.add_argument("--ports", help="train on a fleet of the devices named, comma-separated: "
+                                   "'model', 'sim', or a board's serial port / pyserial URL")
+    f.add_argument("--rounds", type=int, help="combining rounds over the epochs (default: one "
+                                              "per epoch)")
+    f.add_argument("--combine", choices=COMBINES, help="mean: integer average of the weights "
+                   "(default); sign: sign majority vote of the round's weight changes")
+    f.add_argument("--split", choices=SPLITS, help="iid shards (default) or label-skewed "
+                                                   "dirichlet shards")
+    f.add_argument("--alpha", type=float, help="Dirichlet concentration of --split dirichlet "
+                                               "(default 0.5; smaller is more skewed)")
+    f.add_argument("--round-timeout", type=float, help="seconds a round may take before the "
+                                                       "devices still training are dropped")
+    f.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray)")
     return ap
+
+
+FLEET_OPTIONS = ("rounds", "combine", "split", "alpha", "round_timeout", "ray_address")
 
 
 CONFIG_OPTIONS = ("epochs", "batch_size", "layers", "seed", "dataset", "lr_shift",
@@ -167,6 +186,15 @@ def _check_output(path, option):
 
 
 def cmd_train(args):
+    if args.boards is not None or args.ports:
+        try:
+            from .fleet import cmd_train as fleet_train     # imports Ray: only for a fleet
+        except ImportError as e:
+            raise ConfigError(str(e)) from None
+        return fleet_train(args)
+    given = [f"--{k.replace('_', '-')}" for k in FLEET_OPTIONS if getattr(args, k) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} set(s) up a fleet; add --boards N or --ports")
     overrides = {k: getattr(args, k) for k in CONFIG_OPTIONS}
     checkpoint = load_checkpoint(args.resume) if args.resume else None
     if checkpoint is not None:

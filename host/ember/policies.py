@@ -18,8 +18,9 @@ SLU_POLICIES = ("all", "random", "cyclic")
 KEEP_SCHEDULES = ("constant", "interleave", "linear", "cosine", "bar")
 SSPROP_VARIANTS = ("topk", "random")
 
-# RNG stream numbers (the second word of each policy's seed)
-STREAM_SHUFFLE, STREAM_SMD, STREAM_SLU, STREAM_LFSR, STREAM_INIT = range(5)
+# RNG stream numbers (the second word of each policy's seed); STREAM_SPLIT deals a fleet's
+# training data to its devices (ember.federated)
+STREAM_SHUFFLE, STREAM_SMD, STREAM_SLU, STREAM_LFSR, STREAM_INIT, STREAM_SPLIT = range(6)
 
 
 @dataclass
