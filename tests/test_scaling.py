@@ -1,6 +1,8 @@
 """Per-feature input scaling, the network's ends from the data, and their clear errors."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,17 +16,20 @@ from ember.trainer import Trainer
 #: `make train`'s weights on the model backend (e2train, digits): the digits' scaling is the
 #: one every earlier release used, so this must not change
 E2TRAIN_DIGITS_SHA256 = "049bdc348174f45fb676e802f3bd608b78780c7a8b67687592c3ec870a3ab5cf"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def wide_range_set(seed=0, samples=900, features=10, classes=3):
-    """Gaussian classes whose features span 0.68 to 9,552 (a factor of 1.4e4) and sit far
-    from zero: one global range squashes the narrow features to a few input levels."""
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(classes, features)) * 1.5
-    y = rng.integers(0, classes, size=samples)
-    x = centres[y] + rng.normal(size=(samples, features))
-    ranges = np.logspace(-1, 3, features)
-    return x * ranges + 5 * ranges, y
+def _example(name):
+    """A module of examples/ (the scripts keep their own code under __main__)."""
+    path = EXAMPLES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: the generated wide-range data set of examples/compare_scaling.py
+wide_range_set = _example("compare_scaling").wide_range_set
 
 
 def save(tmp_path, name="set.npz", **arrays):
