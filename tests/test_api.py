@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember import api, cli, data, trainer
+from ember import api, cli, data
 
 from test_scaling import E2TRAIN_DIGITS_SHA256, wide_range_set
 
@@ -157,3 +157,11 @@ def test_example_train_on_board_on_the_simulated_board():
     assert example_summary(sim) == example_summary(model)
     cycles = int(re.search(r"engine cycles: ([\d,]+)", sim).group(1).replace(",", ""))
     assert cycles > 0
+
+
+def test_the_readme_shows_the_first_example_as_it_is():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Drive it from Python"):]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert block in (ROOT / "examples" / "train_on_board.py").read_text()
+    assert "ember.open_device(target)" in block

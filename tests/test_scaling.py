@@ -10,7 +10,6 @@ import pytest
 from ember import cli, data, policies, trainer
 from ember.device import ModelDevice
 from ember.reference import train_float
-from ember.spec import ConfigError
 from ember.trainer import Trainer
 
 #: `make train`'s weights on the model backend (e2train, digits): the digits' scaling is the

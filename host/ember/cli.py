@@ -269,14 +269,18 @@ def prediction_samples(dataset, split, source):
     else:
         x, y, _ = data.read_npz(dataset)
     x = data.check_samples(x, dataset)
-    if y is not None:
-        x, y, _ = data.validate(x, y, dataset)
     if split != "all":
         if y is None:
             raise ConfigError(f"--split {split}: data set {dataset} has no labels y, so it "
                               f"has no training split; use --split all")
+        x, y, _ = data.validate(x, y, dataset)
         xtr, ytr, xte, yte = data.split(x, y, 0.2, 0)
         x, y = (xtr, ytr) if split == "train" else (xte, yte)
+    elif y is not None:
+        y = np.asarray(y)
+        if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
+            raise ConfigError(f"{source}: y has shape {y.shape} and dtype {y.dtype}; expected "
+                              f"({len(x)},) integer labels to match X")
     return x, y
 
 
@@ -298,6 +302,7 @@ def check_samples_fit(layers, x, checkpoint, dataset):
 
 
 def cmd_predict(args):
+    """ember predict: the checkpoint's network on a device, over a data set's raw samples."""
     checkpoint = load_checkpoint(args.checkpoint)
     layers, weights, scaling = network_of(checkpoint)
     _check_output(args.json, "--json")
@@ -327,12 +332,11 @@ def cmd_predict(args):
 
 
 def cmd_export(args):
+    """ember export: the checkpoint's network as an .npz (docs/api.md, "Export format")."""
     checkpoint = load_checkpoint(args.checkpoint)
-    layers, weights, scaling = network_of(checkpoint)
+    layers, _, scaling = network_of(checkpoint)
     _check_output(args.out, "--out")
-    arrays = export.export_arrays(layers, weights, scaling)
-    with open(args.out, "wb") as f:
-        np.savez(f, **arrays)
+    arrays = export.write_export(checkpoint, args.out)
     print(f"wrote {args.out}: network {'-'.join(map(str, layers))}, weights "
           f"{arrays['weight_format']} int16, inputs {arrays['input_format']} with "
           f"{scaling.kind} scaling of {scaling.features} features, shifts "

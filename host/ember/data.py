@@ -75,6 +75,7 @@ class Scaling:
 
     @property
     def features(self):
+        """How many features the scaling takes."""
         return len(self.offset)
 
     def real(self, x):

@@ -27,7 +27,8 @@ def export_arrays(layers, weights, scaling):
     weights = golden.check_weights(list(layers), weights)
     if scaling is None:
         raise ConfigError("the network has no stored input scaling (a version 1 checkpoint "
-                          "of a data set of one's own); resume it with ember 0.2 to store one")
+                          "of a data set of one's own); resume it (ember train --resume) to "
+                          "write one that does")
     if scaling.features != layers[0]:
         raise ConfigError(f"the input scaling has {scaling.features} features; the network "
                           f"takes {layers[0]} inputs")
