@@ -99,6 +99,7 @@ def test_arrays_and_npz_data_sets(tmp_path):
      "was loaded with minmax scaling"),
     (lambda d: ember.train(d, np.zeros((4, 4))), "is not an ember Dataset"),
     (lambda d: ember.open_device("/nonexistent/tty"), "cannot open port '/nonexistent/tty'"),
+    (lambda d: ember.open_device("Sim"), "device 'Sim' is not one of model, sim, board"),
 ])
 def test_bad_calls_get_clear_errors(call, message):
     with ember.open_device("model") as device:

@@ -45,6 +45,10 @@ def open_device(target="model", *, build=None, simulator="verilator", baud=spec.
     Other options go to the backend (device.open_sim: uart=True, log=PATH).
     """
     if target not in BACKENDS:
+        if not isinstance(target, str) or not ("/" in target or "://" in target or
+                                               target.upper().startswith("COM")):
+            raise ConfigError(f"device {target!r} is not one of {', '.join(BACKENDS)}, nor a "
+                              f"serial port name or URL (/dev/ttyUSB1, COM3, socket://...)")
         port, target = target, "board"
     if target == "board":
         return _open_backend("board", port=port, baud=baud, **options)
@@ -263,7 +267,9 @@ def train(device, dataset, config=None, *, preset="baseline", hidden=None, progr
                data set unless layers= says otherwise (default hidden (32,))
     progress:  print per-epoch lines and a progress bar to stderr
     checkpoint: a path to write a resumable checkpoint to after every epoch
-    Every setting, width and memory is checked against the device's build before training.
+    The input scaling is the data set's (load_dataset(scaling=...)); a scaling= setting
+    that differs from it is refused. Every setting, width and memory is checked against the
+    device's build before training.
     """
     if not isinstance(device, Device):
         raise ConfigError(f"device {device!r} is not an ember device; open one with "
