@@ -139,7 +139,8 @@ def build_parser():
 
     e = sub.add_parser("export", help="write a checkpoint's network as a NumPy .npz: integer "
                                       "weights, formats, shifts, input scaling, float weights")
-    e.add_argument("--checkpoint", metavar="PATH", required=True)
+    e.add_argument("--checkpoint", metavar="PATH", required=True,
+                   help="a checkpoint written by ember train --checkpoint")
     e.add_argument("--out", metavar="PATH", required=True, help="the .npz to write")
     return ap
 
