@@ -319,6 +319,7 @@ class Fleet:
 
     def __init__(self, boards, ds, cfg, fleet=None, progress=True, checkpoint=None,
                  resume=None, notes=None, build=None, actor_options=None, on_round=None):
+        cfg = cfg.for_data(ds)          # the network's ends from the data unless cfg says
         self.boards, self.ds, self.cfg = list(boards), ds, cfg
         self.fleet = (fleet or FleetConfig()).check(cfg)
         if not self.boards:
@@ -635,7 +636,8 @@ def cmd_train(args):
                               f"come from python -m ember.bench --fleet")
     for path, option in ((args.json, "--json"), (args.checkpoint, "--checkpoint")):
         cli._check_output(path, option)
-    ds = data.load(cfg.dataset, split_seed=0)
+    ds = data.load(cfg.dataset, split_seed=0, scaling=cfg.scaling)
+    cfg = cfg.for_data(ds, args.hidden)
     boards = boards_from(args.boards, args.ports, args.backend, args.build, args.baud,
                          args.simulator, args.uart)
     settings = FleetConfig(
