@@ -66,7 +66,7 @@ from .federated import (COMBINES, SPLITS, LocalRun, combine, label_counts, shard
                         split_shards)
 from .policies import STREAM_INIT
 from .spec import ConfigError
-from .trainer import Trainer, add_counters, data_sha256, save_checkpoint
+from .trainer import Trainer, add_counters, data_sha256, read_checkpoint_json, save_checkpoint
 
 FLEET_CHECKPOINT_FORMAT = "ember-fleet-checkpoint"
 FLEET_CHECKPOINT_VERSION = 1
@@ -246,13 +246,7 @@ class DeviceActor:
 def load_checkpoint(path):
     """Read and check a fleet checkpoint; weights come back as int16 arrays. Raises
     ConfigError naming the file and what is wrong with it."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"checkpoint {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"checkpoint {path} is not readable JSON ({e})") from None
+    doc = read_checkpoint_json(path)
     if not isinstance(doc, dict) or doc.get("format") != FLEET_CHECKPOINT_FORMAT:
         raise ConfigError(f"{path} is not an Ember fleet checkpoint (no \"format\": "
                           f"\"{FLEET_CHECKPOINT_FORMAT}\")")

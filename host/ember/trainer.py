@@ -142,16 +142,22 @@ def save_checkpoint(path, checkpoint):
         raise
 
 
-def load_checkpoint(path):
-    """Read and check a checkpoint written by `save_checkpoint`; weights come back as int16
-    arrays. Raises ConfigError naming the file and what is wrong with it."""
+def read_checkpoint_json(path):
+    """The JSON document of checkpoint file `path` (a single device's or a fleet's); raises
+    ConfigError if the file is missing or not JSON."""
     try:
         with open(path) as f:
-            doc = json.load(f)
+            return json.load(f)
     except FileNotFoundError:
         raise ConfigError(f"checkpoint {path} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"checkpoint {path} is not readable JSON ({e})") from None
+
+
+def load_checkpoint(path):
+    """Read and check a checkpoint written by `save_checkpoint`; weights come back as int16
+    arrays. Raises ConfigError naming the file and what is wrong with it."""
+    doc = read_checkpoint_json(path)
     if not isinstance(doc, dict) or doc.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError(f"{path} is not an Ember checkpoint (no \"format\": "
                           f"\"{CHECKPOINT_FORMAT}\")")
