@@ -26,7 +26,7 @@ help:
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,fleet]'
 	@touch $(STAMP)
 
 train: $(STAMP)
@@ -37,6 +37,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m ember.bench $(ARGS)
+	$(BIN)/python -m ember.bench --fleet $(ARGS)
 
 bitstream: $(STAMP)
 	$(BIN)/python -m ember_boards.build --board $(BOARD) --seed $(SEED) --out build/$(BOARD)

@@ -1,5 +1,6 @@
 """Drive EngineCore's bus from an Amaranth testbench: the host side of a training step,
-shared by the engine's pysim tests."""
+shared by the engine's pysim tests; and `without_resends`, shared by the tests that compare
+a device's link counters with the model's."""
 
 from amaranth.sim import Simulator
 
@@ -115,3 +116,20 @@ def golden_for(build, layers, weights):
     g.configure(layers)
     g.load_weights(weights)
     return g
+
+
+def without_resends(counters, link, since=None):
+    """The device's `counters` as a session without resent frames would have counted them.
+
+    A frame the host sent again (ember.protocol.Link: a timeout, a garbled answer) reaches the
+    device once more and is answered once more, so the device's link_rx_bytes hold the Link's
+    resent_bytes on top of the model's, and its link_tx_bytes the resent_answer_bytes (the
+    link loses nothing in simulation). `since`: the Link's resend_counts() just before the
+    counters were last cleared. The other counters are returned as they are.
+    """
+    now = link.resend_counts()
+    before = since or dict.fromkeys(now, 0)
+    out = dict(counters)
+    out["link_rx_bytes"] -= now["link_resent_bytes"] - before["link_resent_bytes"]
+    out["link_tx_bytes"] -= now["link_resent_answer_bytes"] - before["link_resent_answer_bytes"]
+    return out

@@ -167,7 +167,7 @@ def test_bad_checkpoints_are_refused(tmp_path, capsys):
              "text.ckpt": ("not json", "is not readable JSON"),
              "other.ckpt": (json.dumps({"format": "something"}), "is not an Ember checkpoint"),
              "future.ckpt": (json.dumps({**doc, "version": 99}),
-                             "format version 99; this ember reads version 1")}
+                             "format version 99; this ember reads versions 1, 2")}
     tampered = json.loads(good.read_text())
     tampered["weights"][0][0][0] += 1
     cases["tampered.ckpt"] = (json.dumps(tampered), "do not match their weights_sha256")

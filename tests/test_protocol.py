@@ -77,7 +77,8 @@ class FakePort:
       "corrupt_request" one byte of the request is flipped before the device sees it
       "late"            the response arrives only after the next request is written
       "noise"           line noise (then the real response) arrives
-    ``read`` returns at once with what is buffered (nothing = a timeout).
+    ``read`` returns at once with what is buffered (nothing = a timeout); ``polls`` counts
+    the calls, the clock make_link's Link measures its timeouts on.
     """
 
     def __init__(self, device, faults=None, seed=0):
@@ -87,6 +88,7 @@ class FakePort:
         self.requests = 0
         self.written = 0
         self.read_out = 0
+        self.polls = 0
         self._decoder = SlipDecoder()
         self._inbox = bytearray()
         self._late = b""
@@ -121,10 +123,15 @@ class FakePort:
         return bytes(data)
 
     def read(self, n):
+        self.polls += 1
         out = bytes(self._inbox[:n])
         del self._inbox[:n]
         self.read_out += len(out)
         return out
+
+    @property
+    def in_waiting(self):
+        return len(self._inbox)
 
     def reset_input_buffer(self):
         self._inbox.clear()
@@ -133,8 +140,10 @@ class FakePort:
 def make_link(device=None, faults=None, retries=5):
     device = device or FakeDevice()
     port = FakePort(device, faults)
-    # generous enough that a loaded machine does not turn slowness into retries
-    return Link(port, retries=retries, timeout=0.1), port, device
+    # the timeout counts the port's reads, not wall seconds: an answer the port holds is
+    # read at the first poll however loaded the machine is (a 0.1 s wall-clock timeout once
+    # made a loaded machine resend a frame here), and a lost one gives up after 8 empty polls
+    return Link(port, retries=retries, timeout=8, clock=lambda: port.polls), port, device
 
 
 # --- CRC and SLIP --------------------------------------------------------------------------------
@@ -250,6 +259,47 @@ def test_link_recovers_from_faults(fault):
     assert device.writes == 2                   # every write executed exactly once
     if fault != "noise":
         assert link.retransmissions >= 2
+
+
+def test_link_counts_resent_frames_and_their_bytes():
+    """A write whose answer comes late is sent again: the Link counts the frame and its bytes,
+    and the duplicate answer to the second transmission as bytes beyond one answer per frame,
+    so the counts of a clean session follow by subtraction."""
+    clean, clean_port, _ = make_link()
+    link, port, device = make_link(faults={1: "late"})   # request 0 is the sync read
+    for each in (clean, link):
+        each.write_words(0x10, [1, 2, 3])
+        assert each.read_words(0x10, 3) == [1, 2, 3]
+    assert device.writes == 1
+    assert (clean.resent_frames, link.resent_frames, link.retransmissions) == (0, 1, 1)
+    assert link.resent_bytes == len(encode_request("write", 1, 0x10, 3, [1, 2, 3]))
+    duplicate = slip_encode(seal(bytes([STATUS["duplicate"], 1])))
+    assert link.resent_answer_bytes == len(duplicate) and clean.resent_answer_bytes == 0
+    assert (link.tx_bytes, link.rx_bytes) == (port.written, port.read_out)
+    assert port.written - link.resent_bytes == clean_port.written
+    assert port.read_out - link.resent_answer_bytes == clean_port.read_out
+    assert link.resend_counts() == {"link_resent_frames": 1,
+                                    "link_resent_bytes": link.resent_bytes,
+                                    "link_resent_answer_bytes": len(duplicate)}
+
+
+def test_link_timeout_runs_on_its_clock():
+    """A Link given a clock that does not advance waits for the answer instead of sending
+    the frame again (the simulated board's clock stands still while the simulator is slow)."""
+    class SlowPort(FakePort):
+        polls = 0
+
+        def read(self, n):
+            self.polls += 1
+            return super().read(n) if self.polls > 50 else b""
+    ticks = iter(range(10 ** 6))
+    device = FakeDevice()
+    port = SlowPort(device)
+    stalled = Link(port, timeout=1.0, clock=lambda: 0.0)
+    assert stalled.read_words(0x10, 1) == [0] and stalled.resent_frames == 0
+    port.polls = 0
+    hurried = Link(port, timeout=5, clock=lambda: float(next(ticks)), retries=20)
+    assert hurried.read_words(0x10, 1) == [0] and hurried.resent_frames > 0
 
 
 def test_lost_write_response_is_answered_duplicate():

@@ -1,6 +1,7 @@
 """`make bench`: the energy-versus-accuracy ablation and the engine's performance figures.
 
     python -m ember.bench [--quick] [--seeds N] [--epochs N] [--sim-seeds N] [--out DIR]
+    python -m ember.bench --fleet [...]     many boards: see ember.fleet_bench
 
 For every configuration (dense baseline, SMD, SLU, PSG, ssProp, zero skipping, E2-Train and
 Ember-all) on digits with 64-32-10, several seeds: test accuracy (mean, std), energy spent under
@@ -234,6 +235,11 @@ def plot(configs, path):
 
 
 def main(argv=None):
+    import sys
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--fleet" in argv:               # many boards: ember.fleet_bench (needs Ray)
+        from . import fleet_bench
+        return fleet_bench.main([a for a in argv if a != "--fleet"])
     ap = argparse.ArgumentParser(prog="python -m ember.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",

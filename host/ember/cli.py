@@ -1,4 +1,5 @@
-"""The `ember` command: train a network on a device backend and report accuracy and energy."""
+"""The `ember` command: train a network on a device backend and report accuracy and energy;
+predict with a trained network; export it for use without Ember."""
 
 import argparse
 import dataclasses
@@ -6,14 +7,17 @@ import json
 import os
 import sys
 
-from . import __version__, data, plot, spec
+import numpy as np
+
+from . import __version__, data, export, plot, spec
 from .device import BACKENDS, open_device
-from .policies import (KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SSPROP_VARIANTS, TrainConfig,
-                       make_config)
+from .federated import COMBINES, SPLITS
+from .policies import (DEFAULT_HIDDEN, KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SSPROP_VARIANTS,
+                       TrainConfig, make_config)
 from .protocol import LinkError
 from .reference import train_float
 from .spec import ConfigError
-from .trainer import Trainer, load_checkpoint
+from .trainer import Trainer, check_fit, load_checkpoint
 
 
 def _layers(text):
@@ -21,6 +25,15 @@ def _layers(text):
         widths = tuple(int(w) for w in text.split("-"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"layers '{text}' must look like 64-32-10") from None
+    return widths
+
+
+def _widths(text):
+    try:
+        widths = tuple(int(w) for w in text.split(",") if w)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"hidden widths '{text}' must look like 64,32") \
+            from None
     return widths
 
 
@@ -36,30 +49,51 @@ def _bool_flag(p, name, help):
                    default=None, help=help)
 
 
+def add_device_options(p):
+    """The options that choose and open a device (train and predict share them)."""
+    p.add_argument("--backend", choices=BACKENDS, default="model",
+                   help="model (golden model), sim (simulated board), board (real board)")
+    p.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator",
+                   help="simulator of the sim backend")
+    p.add_argument("--uart", action="store_true",
+                   help="sim backend: every byte crosses the engine's UART as bits")
+    p.add_argument("--port", help="board backend: serial port name or pyserial URL")
+    p.add_argument("--baud", type=int, default=spec.DEFAULT_BAUD,
+                   help=f"board backend: baud rate (default {spec.DEFAULT_BAUD})")
+    p.add_argument("--build", choices=sorted(spec.BUILDS), default="sim",
+                   help="engine build whose limits and lane count apply (default: sim)")
+
+
+def device_options(args):
+    """open_device's backend-specific keyword arguments from the parsed options."""
+    if args.backend == "sim":
+        return {"simulator": args.simulator, "uart": args.uart}
+    if args.backend == "board":
+        return {"port": args.port, "baud": args.baud}
+    return {}
+
+
 def build_parser():
     ap = argparse.ArgumentParser(prog="ember", description=__doc__)
     ap.add_argument("--version", action="version", version=f"ember {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a network on a device and report energy")
-    t.add_argument("--backend", choices=BACKENDS, default="model",
-                   help="model (golden model), sim (simulated board), board (real board)")
-    t.add_argument("--simulator", choices=("verilator", "icarus"), default="verilator",
-                   help="simulator of the sim backend")
-    t.add_argument("--uart", action="store_true",
-                   help="sim backend: every byte crosses the engine's UART as bits")
-    t.add_argument("--port", help="board backend: serial port name or pyserial URL")
-    t.add_argument("--baud", type=int, default=spec.DEFAULT_BAUD,
-                   help=f"board backend: baud rate (default {spec.DEFAULT_BAUD})")
-    t.add_argument("--build", choices=sorted(spec.BUILDS), default="sim",
-                   help="engine build whose limits and lane count apply (default: sim)")
+    add_device_options(t)
     t.add_argument("--preset", choices=list(PRESETS),
                    help="named bundle of settings (default baseline); the options below "
                         "override it")
     t.add_argument("--epochs", type=int)
     t.add_argument("--batch-size", type=int)
-    t.add_argument("--layers", type=_layers, help="widths, input first (default 64-32-10)")
+    t.add_argument("--layers", type=_layers,
+                   help="widths, input first (default: the data set's features, --hidden, "
+                        "its classes: 64-32-10 for digits)")
+    t.add_argument("--hidden", type=_widths,
+                   help=f"hidden widths between the data set's ends, e.g. 32 or 64,32 "
+                        f"(default {','.join(map(str, DEFAULT_HIDDEN))})")
     t.add_argument("--seed", type=int)
     t.add_argument("--dataset", help="'digits' (default) or a .npz file with arrays X and y")
+    t.add_argument("--scaling", help=f"per-feature input scaling fitted on the training split: "
+                                     f"{' | '.join(data.SCALINGS)} (default minmax)")
     t.add_argument("--lr-shift", type=int, help="SGD update shift (larger = smaller steps)")
     t.add_argument("--lr-milestones", type=_fractions,
                    help="fractions of the epochs at which lr-shift grows by one")
@@ -91,10 +125,46 @@ def build_parser():
     t.add_argument("--reference", action="store_true",
                    help="also train the float32 reference and report its accuracy")
     t.add_argument("--quiet", action="store_true", help="no progress output")
+    f = t.add_argument_group("many boards (ember.fleet; needs the fleet extra, Ray)")
+    f.add_argument("--boards", type=int, help="train on a fleet of N devices of --backend")
+    f.add_argument("--ports", help="train on a fleet of the devices named, comma-separated: "
+                                   "'model', 'sim', or a board's serial port / pyserial URL")
+    f.add_argument("--rounds", type=int, help="combining rounds over the epochs (default: one "
+                                              "per epoch)")
+    f.add_argument("--combine", choices=COMBINES, help="mean: integer average of the weights "
+                   "(default); sign: sign majority vote of the round's weight changes")
+    f.add_argument("--split", choices=SPLITS, help="iid shards (default) or label-skewed "
+                                                   "dirichlet shards")
+    f.add_argument("--alpha", type=float, help="Dirichlet concentration of --split dirichlet "
+                                               "(default 0.5; smaller is more skewed)")
+    f.add_argument("--round-timeout", type=float, help="seconds a round may take before the "
+                                                       "devices still training are dropped")
+    f.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray)")
+
+    p = sub.add_parser("predict", help="predict with a trained network (a checkpoint) on a "
+                                       "device; print the predictions and the accuracy")
+    p.add_argument("--checkpoint", metavar="PATH", required=True,
+                   help="a checkpoint written by ember train --checkpoint")
+    p.add_argument("--dataset", required=True,
+                   help="'digits' or a .npz file with X (and y, for the accuracy)")
+    p.add_argument("--split", choices=("all", "train", "test"), default="all",
+                   help="which samples: all (default), or the training run's train or test "
+                        "split of the data set")
+    add_device_options(p)
+    p.add_argument("--json", metavar="PATH", help="write predictions and accuracy as JSON")
+
+    e = sub.add_parser("export", help="write a checkpoint's network as a NumPy .npz: integer "
+                                      "weights, formats, shifts, input scaling, float weights")
+    e.add_argument("--checkpoint", metavar="PATH", required=True,
+                   help="a checkpoint written by ember train --checkpoint")
+    e.add_argument("--out", metavar="PATH", required=True, help="the .npz to write")
     return ap
 
 
-CONFIG_OPTIONS = ("epochs", "batch_size", "layers", "seed", "dataset", "lr_shift",
+FLEET_OPTIONS = ("rounds", "combine", "split", "alpha", "round_timeout", "ray_address")
+
+
+CONFIG_OPTIONS = ("epochs", "batch_size", "layers", "seed", "dataset", "scaling", "lr_shift",
                   "lr_milestones", "smd", "slu", "slu_prob", "psg", "psg_tau", "psg_relative",
                   "psg_step", "psg_step_milestones", "ssprop_keep", "ssprop_schedule",
                   "ssprop_keep_start", "ssprop_warmup", "ssprop_variant", "zero_skip", "profile")
@@ -142,6 +212,14 @@ def resume_config(checkpoint, preset, overrides):
     given = {k: v for k, v in overrides.items() if v is not None}
     if preset is not None:
         asked = make_config(preset, **given)
+        if asked.layers is None:
+            # the network's ends come from the data, which must be the checkpoint's (its
+            # data_sha256 is checked before training)
+            asked = dataclasses.replace(asked, layers=saved.layers)
+        if "scaling" not in given:
+            # no preset sets the scaling: not given means the checkpoint's (for a version 1
+            # checkpoint, the one-range scaling it was trained with)
+            asked = dataclasses.replace(asked, scaling=saved.scaling)
     else:
         asked = dataclasses.replace(saved, **{k: tuple(v) if isinstance(v, list) else v
                                               for k, v in given.items()}).check()
@@ -167,6 +245,15 @@ def _check_output(path, option):
 
 
 def cmd_train(args):
+    if args.boards is not None or args.ports:
+        try:
+            from .fleet import cmd_train as fleet_train     # imports Ray: only for a fleet
+        except ImportError as e:
+            raise ConfigError(str(e)) from None
+        return fleet_train(args)
+    given = [f"--{k.replace('_', '-')}" for k in FLEET_OPTIONS if getattr(args, k) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} set(s) up a fleet; add --boards N or --ports")
     overrides = {k: getattr(args, k) for k in CONFIG_OPTIONS}
     checkpoint = load_checkpoint(args.resume) if args.resume else None
     if checkpoint is not None:
@@ -180,13 +267,13 @@ def cmd_train(args):
         _check_output(path, option)
     if args.plot:
         plot.require_matplotlib()
-    ds = data.load(cfg.dataset, split_seed=0)
-    options = {}
-    if args.backend == "sim":
-        options = {"simulator": args.simulator, "uart": args.uart}
-    elif args.backend == "board":
-        options = {"port": args.port, "baud": args.baud}
-    with open_device(args.backend, build=args.build, **options) as dev:
+    ds = data.load(cfg.dataset, split_seed=0, scaling=cfg.scaling)
+    cfg = cfg.for_data(ds, args.hidden)
+    if args.backend != "board":
+        # --build is the device's build: refuse what it cannot take before starting it (a
+        # board's build is read from the board; the Trainer checks it before training)
+        check_fit(cfg, ds, spec.BUILDS[args.build])
+    with open_device(args.backend, build=args.build, **device_options(args)) as dev:
         result = Trainer(dev, ds, cfg, progress=not args.quiet, checkpoint=args.checkpoint,
                          resume=checkpoint, notes={"preset": preset}).run()
     reference = None
@@ -203,11 +290,97 @@ def cmd_train(args):
     return 0
 
 
+def prediction_samples(dataset, split, source):
+    """Raw samples X and labels y (None if the file has none) of `dataset` ('digits' or an
+    .npz path); split 'train' or 'test' picks the split a training run on it used."""
+    if dataset in (None, "digits"):
+        x, y = data.digits_arrays()
+    else:
+        x, y, _ = data.read_npz(dataset)
+    x = data.check_samples(x, dataset)
+    if split != "all":
+        if y is None:
+            raise ConfigError(f"--split {split}: data set {dataset} has no labels y, so it "
+                              f"has no training split; use --split all")
+        x, y, _ = data.validate(x, y, dataset)
+        xtr, ytr, xte, yte = data.split(x, y, 0.2, 0)
+        x, y = (xtr, ytr) if split == "train" else (xte, yte)
+    elif y is not None:
+        y = np.asarray(y)
+        if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
+            raise ConfigError(f"{source}: y has shape {y.shape} and dtype {y.dtype}; expected "
+                              f"({len(x)},) integer labels to match X")
+    return x, y
+
+
+def network_of(checkpoint):
+    """Layers, weights and input scaling of a checkpoint; ConfigError if it has no scaling."""
+    if checkpoint["input_scaling"] is None:
+        raise ConfigError(f"checkpoint {checkpoint['path']} was written by ember 0.1 for a data "
+                          f"set of one's own and holds no input scaling; resume it "
+                          f"(ember train --resume) to write one that does")
+    return checkpoint["settings"]["layers"], checkpoint["weights"], checkpoint["input_scaling"]
+
+
+def check_samples_fit(layers, x, checkpoint, dataset):
+    """A checkpoint's network must take the data set's features."""
+    if x.shape[1] != layers[0]:
+        raise ConfigError(f"checkpoint {checkpoint} holds network {'-'.join(map(str, layers))},"
+                          f" which takes {layers[0]} inputs; data set {dataset} has "
+                          f"{x.shape[1]} features")
+
+
+def cmd_predict(args):
+    """ember predict: the checkpoint's network on a device, over a data set's raw samples."""
+    checkpoint = load_checkpoint(args.checkpoint)
+    layers, weights, scaling = network_of(checkpoint)
+    _check_output(args.json, "--json")
+    x, y = prediction_samples(args.dataset, args.split, args.dataset)
+    check_samples_fit(layers, x, args.checkpoint, args.dataset)
+    if args.backend != "board":
+        spec.check_network(layers, spec.BUILDS[args.build])
+    inputs = scaling.apply(x)
+    with open_device(args.backend, build=args.build, **device_options(args)) as dev:
+        dev.configure(layers)
+        dev.load_weights(weights)
+        predicted = dev.infer_all(inputs)
+    print("sample  predicted" + ("  label" if y is not None else ""))
+    for i, p in enumerate(predicted):
+        print(f"{i:6d}  {int(p):9d}" + (f"  {int(y[i]):5d}" if y is not None else ""))
+    result = {"checkpoint": args.checkpoint, "dataset": args.dataset, "split": args.split,
+              "samples": len(x), "predictions": [int(p) for p in predicted]}
+    if y is not None:
+        correct = int((predicted == y).sum())
+        result["accuracy"] = correct / len(y)
+        print(f"accuracy {100 * result['accuracy']:.2f} % ({correct} of {len(y)} samples, "
+              f"{args.split} of {args.dataset}, network {'-'.join(map(str, layers))})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+def cmd_export(args):
+    """ember export: the checkpoint's network as an .npz (docs/api.md, "Export format")."""
+    checkpoint = load_checkpoint(args.checkpoint)
+    layers, _, scaling = network_of(checkpoint)
+    _check_output(args.out, "--out")
+    arrays = export.write_export(checkpoint, args.out)
+    print(f"wrote {args.out}: network {'-'.join(map(str, layers))}, weights "
+          f"{arrays['weight_format']} int16, inputs {arrays['input_format']} with "
+          f"{scaling.kind} scaling of {scaling.features} features, shifts "
+          f"{arrays['shifts'].tolist()}, weights sha256 {arrays['weights_sha256']}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "predict": cmd_predict, "export": cmd_export}
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "train":
-            return cmd_train(args)
+        if args.command in COMMANDS:
+            return COMMANDS[args.command](args)
     except ConfigError as e:
         print(f"ember: error: {e}", file=sys.stderr)
         return 2

@@ -263,12 +263,66 @@ def open_board(port, baud=spec.DEFAULT_BAUD, retries=5, timeout=None):
         raise
 
 
+class SimulationClock:
+    """Seconds of simulated time of a simulated board: the clock its Link's timeouts run on.
+
+    The board's bench (ember_sim.benches.board_bench) keeps the simulated time, in ps, as 8
+    little-endian bytes at the start of the file `path`. Measured on it, a response timeout
+    means "the simulated board has run this long without answering", however slowly the
+    machine simulates, so a loaded machine never makes the host send a frame again.
+
+    proc:    the simulator's process (subprocess.Popen); once it has ended, reading the clock
+             raises ConfigError naming its exit code and `log`, instead of waiting on.
+    stall_s: wall seconds of one wait (``restart()`` begins one) in which the simulated time
+             does not advance at all after which the simulator counts as stuck: the clock then
+             reads infinity, so the Link gives up waiting as for a lost frame.
+    """
+
+    def __init__(self, path, proc=None, log=None, stall_s=300.0):
+        self.path, self.proc, self.log, self.stall_s = path, proc, log, stall_s
+        self._seen, self._since = None, None
+        self.restart()
+
+    def picoseconds(self):
+        """The simulated time the bench last wrote (0 before it first did)."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(8)
+        except FileNotFoundError:
+            return 0
+        return int.from_bytes(data, "little") if len(data) == 8 else 0
+
+    def restart(self):
+        """Begin a wait: the stall time counts from now."""
+        import time
+        self._seen, self._since = self.picoseconds(), time.monotonic()
+
+    def __call__(self):
+        import time
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ConfigError(f"the simulated board exited with code {self.proc.returncode} "
+                              f"while the host waited for an answer; log {self.log}")
+        seen, now = self.picoseconds(), time.monotonic()
+        if seen != self._seen:
+            self._seen, self._since = seen, now
+        elif now - self._since > self.stall_s:
+            return float("inf")
+        return seen * 1e-12
+
+
+#: Simulated seconds the sim backend's Link waits for an answer: far beyond any frame's
+#: (the longest, at the board tops' 8 cycles per UART bit, takes about 11 ms of a 30 MHz
+#: clock); the wall time it takes does not matter (SimulationClock).
+SIM_LINK_TIMEOUT_S = 1.0
+
+
 def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=None,
              start_timeout=900.0, top=None):
     """Start the simulated board (ember_sim.board) in its own process and connect to it over
     a loopback socket. Closing the device closes the socket; the simulator then ends, and is
     killed if it does not. `top` ("icebreaker" or "ulx3s") simulates that board's real top
-    instead, every byte crossing its UART pins (ember_sim.board_sim)."""
+    instead, every byte crossing its UART pins (ember_sim.board_sim). The link's timeouts
+    run on the simulation's time (SimulationClock), not on the wall clock."""
     import os
     import signal
     import subprocess
@@ -281,8 +335,9 @@ def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=No
     tmp = tempfile.mkdtemp(prefix="ember-sim-")
     port_file = os.path.join(tmp, "port")
     log_path = log or os.path.join(tmp, "board.log")
+    progress_file = os.path.join(tmp, "progress")
     cmd = [sys.executable, "-m", "ember_sim.board", "--simulator", simulator,
-           "--build", build.name, "--port-file", port_file]
+           "--build", build.name, "--port-file", port_file, "--progress-file", progress_file]
     if uart:
         cmd.append("--uart")
     if top:
@@ -321,7 +376,8 @@ def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=No
         time.sleep(0.05)
     with open(port_file) as f:
         port = int(f.read())
-    ser, link = _open_link(f"socket://127.0.0.1:{port}", timeout=30.0)
+    ser, link = _open_link(f"socket://127.0.0.1:{port}", timeout=SIM_LINK_TIMEOUT_S)
+    link.clock = SimulationClock(progress_file, proc, log_path)
 
     def close():
         ser.close()

@@ -11,25 +11,31 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
-from . import spec
+from . import data, spec
 from .spec import ConfigError, StepSettings
 
 SLU_POLICIES = ("all", "random", "cyclic")
 KEEP_SCHEDULES = ("constant", "interleave", "linear", "cosine", "bar")
 SSPROP_VARIANTS = ("topk", "random")
 
-# RNG stream numbers (the second word of each policy's seed)
-STREAM_SHUFFLE, STREAM_SMD, STREAM_SLU, STREAM_LFSR, STREAM_INIT = range(5)
+# RNG stream numbers (the second word of each policy's seed); STREAM_SPLIT deals a fleet's
+# training data to its devices (ember.federated)
+STREAM_SHUFFLE, STREAM_SMD, STREAM_SLU, STREAM_LFSR, STREAM_INIT, STREAM_SPLIT = range(6)
 
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run. Field names are the CLI's option names."""
-    layers: tuple = (64, 32, 10)
+    """Everything that defines a training run. Field names are the CLI's option names.
+
+    layers None means "from the data set": its feature count, DEFAULT_HIDDEN, its class count
+    (`for_data`); 64-32-10 for the digits. scaling is the input scaling fitted on the
+    training split (data.SCALINGS; "global" only for resuming version 1 checkpoints)."""
+    layers: tuple | None = None
     epochs: int = 20
     batch_size: int = 32
     seed: int = 0
     dataset: str = "digits"
+    scaling: str = "minmax"
     profile: str = "horowitz45"
     # baseline SGD
     lr_shift: int = 12
@@ -55,6 +61,8 @@ class TrainConfig:
     zero_skip: bool = False
 
     def check(self):
+        """Raise ConfigError naming the first setting that is out of range; returns self."""
+        data.check_scaling_kind(self.scaling, legacy=True)
         if self.epochs < 1:
             raise ConfigError(f"epochs {self.epochs} must be at least 1")
         if not 0.0 <= self.smd < 1.0:
@@ -81,6 +89,16 @@ class TrainConfig:
                      psg_tau=self.psg_tau, psg_relative=self.psg_relative).check(1)
         return self
 
+    def for_data(self, ds, hidden=None):
+        """This config with the network's ends taken from data set `ds` when layers is None:
+        (ds.features, *hidden, ds.classes), hidden defaulting to DEFAULT_HIDDEN."""
+        if self.layers is not None:
+            if hidden is not None and tuple(self.layers[1:-1]) != tuple(hidden):
+                raise ConfigError(f"layers {'-'.join(map(str, self.layers))} and hidden widths "
+                                  f"{','.join(map(str, hidden))} disagree; give one of them")
+            return self
+        return replace(self, layers=network_for(ds, hidden))
+
     def needs(self):
         """The optional engine units (spec.FEATURES) some batch of this run may use."""
         sparse = self.ssprop_keep < 1.0
@@ -91,6 +109,16 @@ class TrainConfig:
     def to_dict(self):
         d = asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+#: hidden widths of a network whose ends come from the data set
+DEFAULT_HIDDEN = (32,)
+
+
+def network_for(ds, hidden=None):
+    """Layer widths for data set `ds`: its features, the hidden widths, its classes."""
+    hidden = DEFAULT_HIDDEN if hidden is None else tuple(hidden)
+    return (ds.features, *hidden, ds.classes)
 
 
 PRESETS = {

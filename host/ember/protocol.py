@@ -202,12 +202,14 @@ class Response:
     words:  the data of a successful READ (empty otherwise).
     addr:   for an error status, the address field: the failing word for a bus error, 0 for a
             frame error (bad_crc, bad_length, unknown_command); None for ok and duplicate.
+    payload: the unframed payload it was decoded from (CRC included).
     """
     status: str
     seq: int
     words: list = field(default_factory=list)
     addr: int | None = None
     code: int = 0
+    payload: bytes = b""
 
 
 def decode_response(payload):
@@ -227,15 +229,15 @@ def decode_response(payload):
             raise FrameError(f"ok response with {len(tail)} data bytes, not whole words")
         words = [int.from_bytes(tail[i:i + WORD_BYTES], "little")
                  for i in range(0, len(tail), WORD_BYTES)]
-        return Response(status, seq, words, None, code)
+        return Response(status, seq, words, None, code, payload)
     if status == "duplicate":
         if tail:
             raise FrameError(f"duplicate response with {len(tail)} extra bytes")
-        return Response(status, seq, [], None, code)
+        return Response(status, seq, [], None, code, payload)
     if len(tail) != ADDR_BYTES:
         raise FrameError(f"{status} response with {len(tail)} bytes after seq; expected the "
                          f"{ADDR_BYTES}-byte address")
-    return Response(status, seq, [], int.from_bytes(tail, "little"), code)
+    return Response(status, seq, [], int.from_bytes(tail, "little"), code, payload)
 
 
 # --- The bridge's twin ---------------------------------------------------------------------------
@@ -336,28 +338,55 @@ class Link:
              ``reset_input_buffer()``.
     retries: how often a frame is sent again after a timeout, a garbled response or a
              bad_crc/bad_length status, before LinkError.
-    timeout: seconds to wait for each response; by default long enough for the longest frames
-             at the port's ``baudrate`` (spec.DEFAULT_BAUD if it has none).
+    timeout: seconds to wait for each response, on `clock`; by default long enough for the
+             longest frames at the port's ``baudrate`` (spec.DEFAULT_BAUD if it has none).
+    clock:   what the timeout is measured on: a callable returning seconds, by default the
+             wall clock (``time.monotonic``); if it has a ``restart()`` method, that is called
+             when a wait for an answer begins. The simulated board's link passes the
+             simulation's own time (ember.device.SimulationClock), so a slow simulator makes
+             the host wait longer instead of sending frames again.
 
     Each frame gets the next sequence number (mod 256); a retry reuses it, so a WRITE whose
     response was lost is answered ``duplicate`` instead of being executed twice, which counts
     as success. Before its first write a Link sends one read (of the word it is about to write)
     so the device forgets the last WRITE seq of a previous session, which could otherwise
-    equal the new one. ``tx_bytes``/``rx_bytes`` count every byte written and read;
-    ``retransmissions`` counts frames sent again.
+    equal the new one.
+
+    Counters (cumulative): ``tx_bytes``/``rx_bytes``, every byte written and read (bytes
+    dropped before a resend included); ``resent_frames`` (also ``retransmissions``), frames
+    sent again, and ``resent_bytes``, their bytes; ``resent_answer_bytes``, bytes received
+    beyond one answer per frame (answers to earlier transmissions of a frame sent again, late
+    answers, line noise). Over a link that loses nothing, the device has therefore received
+    ``tx_bytes`` bytes of which ``resent_bytes`` a session without resends would not have
+    sent, and sent ``rx_bytes`` of which ``resent_answer_bytes`` such a session would not
+    have received: what tests comparing link counters subtract.
     """
 
-    def __init__(self, port, retries=5, timeout=None):
+    def __init__(self, port, retries=5, timeout=None, clock=None):
         self.port = port
         self.retries = retries
         baud = getattr(port, "baudrate", None) or spec.DEFAULT_BAUD
         self.timeout = default_timeout(baud) if timeout is None else timeout
+        self.clock = clock or time.monotonic
         self.seq = 0
         self.tx_bytes = 0
         self.rx_bytes = 0
-        self.retransmissions = 0
+        self.resent_frames = 0
+        self.resent_bytes = 0
+        self.resent_answer_bytes = 0
         self._decoder = SlipDecoder()
         self._device_synced = False
+
+    @property
+    def retransmissions(self):
+        """Frames sent again (the same as ``resent_frames``)."""
+        return self.resent_frames
+
+    def resend_counts(self):
+        """The resend counters as a dict (for a run's JSON)."""
+        return {"link_resent_frames": self.resent_frames,
+                "link_resent_bytes": self.resent_bytes,
+                "link_resent_answer_bytes": self.resent_answer_bytes}
 
     def read_words(self, addr, count):
         """Read `count` words starting at word address `addr`; returns a list of ints."""
@@ -397,10 +426,12 @@ class Link:
         frame = encode_request(cmd, seq, addr, count, words)
         expect_words = count if cmd == "read" else 0
         problem = None
+        received_before = self.rx_bytes
         for attempt in range(self.retries + 1):
             if attempt:
-                self.retransmissions += 1
-            self.port.reset_input_buffer()
+                self.resent_frames += 1
+                self.resent_bytes += len(frame)
+            self._drop_input()
             self._decoder.reset()
             self.port.write(frame)
             self.tx_bytes += len(frame)
@@ -410,6 +441,11 @@ class Link:
             if response.status in RETRYABLE:
                 problem = f"device answered {response.status}"
                 continue
+            # one answer per frame: the accepted one, or for a resent write answered
+            # duplicate, the ok answer its executed transmission got (received before it)
+            one = response.payload if response.status != "duplicate" or not attempt else \
+                seal(bytes([spec.LINK_STATUS["ok"], seq]))
+            self.resent_answer_bytes += self.rx_bytes - received_before - len(slip_encode(one))
             if cmd == "read":
                 # An executed read makes the device forget its last write seq (docs/protocol.md).
                 self._device_synced = True
@@ -430,12 +466,26 @@ class Link:
         raise LinkError(f"{what} failed: no valid response to seq {seq} after "
                         f"{self.retries + 1} attempts (last: {problem})", "no_response", seq)
 
+    def _drop_input(self):
+        """Discard what waits in the port (a late answer, noise), counting it in rx_bytes."""
+        waiting = getattr(self.port, "in_waiting", 0)
+        while waiting:
+            dropped = self.port.read(waiting)
+            if not dropped:
+                break
+            self.rx_bytes += len(dropped)
+            waiting = getattr(self.port, "in_waiting", 0)
+        self.port.reset_input_buffer()
+
     def _await_response(self, seq, expect_words):
         """Read until the response to `seq` arrives. Returns (Response, None) or
-        (None, why) on timeout or a garbled frame. Well-formed responses to other sequence
-        numbers (late answers to earlier frames, answers to line noise) are skipped."""
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
+        (None, why) on timeout (measured on self.clock) or a garbled frame. Well-formed
+        responses to other sequence numbers (late answers to earlier frames, answers to line
+        noise) are skipped."""
+        if hasattr(self.clock, "restart"):
+            self.clock.restart()                      # a new wait (SimulationClock's stall)
+        deadline = self.clock() + self.timeout
+        while self.clock() < deadline:
             chunk = self.port.read(1)
             if not chunk:
                 continue

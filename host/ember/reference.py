@@ -1,9 +1,10 @@
 """A float32 reference trainer for the same networks, to show what quantization costs.
 
 Same architecture as the engine (dense, bias-free, ReLU, softmax cross-entropy), same initial
-weights (the integer ones divided by 2**14), same inputs (UQ2.6 / 64), same shuffles and the
-same learning-rate schedule: the integer update shift s corresponds to a float learning rate of
-2**-(s - 7) on the gradient summed over the batch (docs/numerics.md, "Update").
+weights (the integer ones divided by 2**14), same inputs (the data set's per-feature scaling
+and UQ2.6 bytes, divided by 64), same shuffles and the same learning-rate schedule: the
+integer update shift s corresponds to a float learning rate of 2**-(s - 7) on the gradient
+summed over the batch (docs/numerics.md, "Update").
 """
 
 import numpy as np
@@ -57,7 +58,9 @@ class FloatNet:
 
 def train_float(cfg, ds, progress=None):
     """Train the float reference with cfg's layers, epochs, batch size, seed and lr schedule.
+    The network's ends come from the data set unless cfg.layers is set (TrainConfig.for_data).
     Returns per-epoch history and final accuracies."""
+    cfg = cfg.for_data(ds)
     net = FloatNet(list(cfg.layers), cfg.seed)
     shuffle = rng(cfg.seed, STREAM_SHUFFLE)
     xtr, xte = ds.float_view(ds.x_train), ds.float_view(ds.x_test)

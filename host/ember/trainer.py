@@ -12,11 +12,14 @@ from there; ``resume=load_checkpoint(PATH)`` goes on from it. A run interrupted 
 and resumed ends with the same weights, counters (link bytes included), energy and history as
 one that ran straight through, and writing checkpoints changes none of them.
 
-A checkpoint is one JSON object (format ``"ember-checkpoint"``, ``"version"`` 1)::
+A checkpoint is one JSON object (format ``"ember-checkpoint"``, ``"version"`` 2)::
 
-    format, version     "ember-checkpoint", 1
+    format, version     "ember-checkpoint", 2
     epoch               epochs completed (the run goes on at epoch + 1)
-    settings            the TrainConfig, as in the result JSON
+    settings            the TrainConfig, as in the result JSON (layers resolved)
+    input_scaling       the per-feature input scaling fitted on the training split
+                        (data.Scaling.to_dict: kind, offset, scale, base), applied to every
+                        sample the network sees, at training and at inference
     build, backend      the device's build name (must match on resume) and backend (informative)
     data_sha256         SHA-256 of the quantized split data set (must match on resume)
     weights             integer weights read back from the device: one list per layer of N rows
@@ -30,6 +33,11 @@ A checkpoint is one JSON object (format ``"ember-checkpoint"``, ``"version"`` 1)
     link_seq            sequence number of the frame that cleared the device's counters at the
                         end of the epoch (null for a device without a link)
     notes               free-form labels from the caller (the CLI stores the preset name)
+
+Version 1 checkpoints (ember 0.1) hold no input_scaling: their data were scaled by one range
+for all features. They load with settings.scaling "global" (data.LEGACY_SCALING), which
+refits that range on the same training split (data_sha256 proves the data are the same), or
+"minmax" for the digits, whose fixed pixel range both scalings use.
 
 Why link_seq: link byte counters include SLIP escapes of each response's sequence number and
 CRC, so they depend on where the link's sequence number stands. After the epoch's counters are
@@ -50,14 +58,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import energy, golden, spec
+from . import data, energy, golden, spec
 from .device import build_of
 from .policies import (STREAM_INIT, STREAM_LFSR, STREAM_SHUFFLE, STREAM_SMD, LayerMaskPolicy,
                        epoch_settings, rng, with_batch)
 from .spec import ConfigError
 
 CHECKPOINT_FORMAT = "ember-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+#: versions load_checkpoint reads (1: before input_scaling was stored)
+CHECKPOINT_VERSIONS = (1, 2)
 _CHECKPOINT_KEYS = ("epoch", "settings", "build", "data_sha256", "weights", "weights_sha256",
                     "history", "train_counters", "eval_counters", "dense_energy_pj", "rng",
                     "link_seq")
@@ -73,6 +83,25 @@ def dense_counters(layers, build, batch):
     # the dense baseline writes every weight it updates (no write enable on unchanged ones)
     m.counters["weight_writes"] = sum(k * n for k, n in zip(layers[:-1], layers[1:]))
     return m.counters
+
+
+def check_fit(cfg, ds, build):
+    """Raise ConfigError unless the run `cfg` (layers resolved) on data set `ds` fits `build`:
+    the data set's width, the network's ends, every width and memory, the optional units.
+    Touches no device, so the CLI calls it before it opens one."""
+    layers = list(cfg.layers)
+    if ds.features > build.max_width:
+        raise ConfigError(f"data set {ds.name} has {ds.features} features; build "
+                          f"'{build.name}' takes at most {build.max_width} inputs per sample")
+    if layers[0] != ds.features:
+        raise ConfigError(f"network input width {layers[0]} does not match the data "
+                          f"set's {ds.features} features")
+    if layers[-1] < ds.classes:
+        raise ConfigError(f"network output width {layers[-1]} is smaller than the "
+                          f"data set's {ds.classes} classes")
+    spec.check_features(cfg.needs(), build)
+    spec.check_network(layers, build, cfg.batch_size)
+    return layers
 
 
 def add_counters(total, part):
@@ -96,6 +125,8 @@ def save_checkpoint(path, checkpoint):
     so `path` always holds a complete checkpoint (the previous one until the new is whole)."""
     doc = dict(checkpoint)
     doc["weights"] = [np.asarray(w).tolist() for w in checkpoint["weights"]]
+    if isinstance(doc.get("input_scaling"), data.Scaling):   # None: a Dataset made without one
+        doc["input_scaling"] = doc["input_scaling"].to_dict()
     doc = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **doc}
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
@@ -111,23 +142,30 @@ def save_checkpoint(path, checkpoint):
         raise
 
 
-def load_checkpoint(path):
-    """Read and check a checkpoint written by `save_checkpoint`; weights come back as int16
-    arrays. Raises ConfigError naming the file and what is wrong with it."""
+def read_checkpoint_json(path):
+    """The JSON document of checkpoint file `path` (a single device's or a fleet's); raises
+    ConfigError if the file is missing or not JSON."""
     try:
         with open(path) as f:
-            doc = json.load(f)
+            return json.load(f)
     except FileNotFoundError:
         raise ConfigError(f"checkpoint {path} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"checkpoint {path} is not readable JSON ({e})") from None
+
+
+def load_checkpoint(path):
+    """Read and check a checkpoint written by `save_checkpoint`; weights come back as int16
+    arrays. Raises ConfigError naming the file and what is wrong with it."""
+    doc = read_checkpoint_json(path)
     if not isinstance(doc, dict) or doc.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError(f"{path} is not an Ember checkpoint (no \"format\": "
                           f"\"{CHECKPOINT_FORMAT}\")")
-    if doc.get("version") != CHECKPOINT_VERSION:
+    if doc.get("version") not in CHECKPOINT_VERSIONS:
         raise ConfigError(f"checkpoint {path} has format version {doc.get('version')!r}; this "
-                          f"ember reads version {CHECKPOINT_VERSION}")
-    missing = [k for k in _CHECKPOINT_KEYS if k not in doc]
+                          f"ember reads versions {', '.join(map(str, CHECKPOINT_VERSIONS))}")
+    keys = _CHECKPOINT_KEYS + (("input_scaling",) if doc["version"] >= 2 else ())
+    missing = [k for k in keys if k not in doc]
     if missing:
         raise ConfigError(f"checkpoint {path} lacks {', '.join(missing)}")
     try:
@@ -142,6 +180,23 @@ def load_checkpoint(path):
     if golden.weights_sha256(doc["weights"]) != doc["weights_sha256"]:
         raise ConfigError(f"checkpoint {path}: the weights do not match their weights_sha256 "
                           f"{doc['weights_sha256']} (the file was changed or damaged)")
+    layers = [int(weights[0].shape[1])] + [int(w.shape[0]) for w in weights] if weights else []
+    settings = doc["settings"] if isinstance(doc["settings"], dict) else {}
+    if settings.get("layers") != layers:
+        raise ConfigError(f"checkpoint {path}: its weights make network {layers}; its settings "
+                          f"say layers {settings.get('layers')!r}")
+    if doc["version"] == 1:
+        # ember 0.1 scaled every feature by one range; the digits by their fixed pixel range,
+        # which is what minmax means for them now
+        digits = settings.get("dataset") in (None, "digits")
+        settings["scaling"] = "minmax" if digits else data.LEGACY_SCALING
+        doc["input_scaling"] = data.load_digits().scaling.to_dict() if digits else None
+    if doc["input_scaling"] is not None:
+        scaling = data.Scaling.from_dict(doc["input_scaling"], f"checkpoint {path}")
+        if scaling.features != layers[0]:
+            raise ConfigError(f"checkpoint {path}: its input scaling has {scaling.features} "
+                              f"features; its network takes {layers[0]} inputs")
+        doc["input_scaling"] = scaling
     doc["path"] = str(path)
     return doc
 
@@ -190,23 +245,16 @@ class Trainer:
 
     def __init__(self, device, ds, cfg, progress=True, checkpoint=None, resume=None,
                  notes=None):
+        cfg = cfg.for_data(ds)
         self.device, self.ds, self.cfg = device, ds, cfg
         self.progress = progress
         self.checkpoint, self.resume, self.notes = checkpoint, resume, dict(notes or {})
         info = device.identify()
         self.build = build_of(info)
         self.build_name = info["build"]
-        # every unit any batch of the run may use, checked before anything is trained
-        spec.check_features(cfg.needs(), self.build)
-        layers = list(cfg.layers)
-        if layers[0] != ds.features:
-            raise spec.ConfigError(f"network input width {layers[0]} does not match the data "
-                                   f"set's {ds.features} features")
-        if layers[-1] < ds.classes:
-            raise spec.ConfigError(f"network output width {layers[-1]} is smaller than the "
-                                   f"data set's {ds.classes} classes")
-        spec.check_network(layers, self.build, cfg.batch_size)
-        self.layers = layers
+        # every width, memory and unit any batch of the run may use, before anything is trained
+        self.layers = check_fit(cfg, ds, self.build)
+        self.final = None           # (state, weights) once run() has finished
         self.energy = energy.EnergyModel(cfg.profile, self.build)
         self.data_sha256 = data_sha256(ds)
         if resume is not None:
@@ -282,11 +330,21 @@ class Trainer:
         weights = dev.read_weights()
         # reading the weights cost link bytes after the epoch's clear: clear again as then
         _clear_counters_as(dev, state.link_seq)
-        save_checkpoint(self.checkpoint, {
+        save_checkpoint(self.checkpoint, self._checkpoint(state, weights))
+
+    def save(self, path):
+        """Write the finished run's checkpoint to `path` (what --checkpoint writes after the
+        last epoch), from what run() read back; the device is not touched."""
+        if self.final is None:
+            raise ConfigError("the run has not finished; call run() before save()")
+        save_checkpoint(path, self._checkpoint(*self.final))
+
+    def _checkpoint(self, state, weights):
+        return {
             "epoch": state.epoch,
             "settings": self.cfg.to_dict(),
             "build": self.build_name,
-            "backend": dev.backend,
+            "backend": self.device.backend,
             "data_sha256": self.data_sha256,
             "weights": weights,
             "weights_sha256": golden.weights_sha256(weights),
@@ -300,7 +358,8 @@ class Trainer:
                     "slu": state.slu.state()},
             "link_seq": state.link_seq,
             "notes": self.notes,
-        })
+            "input_scaling": self.ds.scaling,
+        }
 
     def run(self):
         cfg, dev, ds = self.cfg, self.device, self.ds
@@ -358,13 +417,16 @@ class Trainer:
             if self.checkpoint:
                 self._write_checkpoint(s)
         weights = dev.read_weights()
+        wall_s = time.perf_counter() - start
+        self.final = (s, weights)
         train_counters, dense_energy, history = s.train_counters, s.dense_energy, s.history
         spent = self.energy.total(train_counters)
         last = history[-1]
         return {
-            "backend": dev.backend,
+            "backend": self.device.backend,
             "build": dev.identify(),
             "settings": cfg.to_dict(),
+            "input_scaling": ds.scaling.to_dict() if ds.scaling is not None else None,
             "epochs": cfg.epochs,
             "train_accuracy": last["train_accuracy"],
             "test_accuracy": last["test_accuracy"],
@@ -382,7 +444,11 @@ class Trainer:
             "dense_macs": dense_per_sample * n * cfg.epochs,
             "history": history,
             "weights_sha256": golden.weights_sha256(weights),
-            "wall_s": time.perf_counter() - start,
+            "wall_s": wall_s,
+            # simulated engine cycles (the `cycles` counter: cycles a command ran) per wall
+            # second of the run; 0 on the model backend, whose cycle counters stay zero
+            "sim_cycles_per_s": (train_counters["cycles"] + s.eval_counters["cycles"]) / wall_s,
+            **(link.resend_counts() if (link := _link(dev)) is not None else {}),
         }
 
 

@@ -6,7 +6,8 @@ port that the host opens with pyserial's `socket://` URL (ember.device.open_devi
     python -m ember_sim.board --top icebreaker|ulx3s [--build B] --port-file PATH
 
 The chosen port is written to --port-file once the simulator listens; the process ends when
-the host closes the connection.
+the host closes the connection. With --progress-file, the bench keeps the simulated time in
+that file, and the host measures its link timeouts on it (ember.device.SimulationClock).
 
 With --top, the simulated design is a board's real top (ember_sim.board_sim: the PLL, reset
 hold, engine on the UART pins and LEDs of ember_boards.icebreaker or ember_boards.ulx3s, for
@@ -28,16 +29,32 @@ def toplevel_name(build, variant):
 
 
 def build_board(build, simulator, variant="stream", divisor=4):
-    """Compile (or reuse) the simulated board for a build; returns the rtl.SimBuild."""
-    from ember_sim import rtl
+    """Compile (or reuse) the simulated board for a build; returns the rtl.SimBuild.
+
+    The board's clock runs inside the design (rtl.with_free_running_clock, period
+    ember_sim.clock.CLOCK_PERIOD_NS), and only the top's ports are reachable from the bench
+    (rtl.build's public="ports"): the two changes that make Verilator simulate it at full
+    speed (docs/architecture.md, "Simulated board: where the time goes")."""
+    from ember_sim import clock, rtl
     from ember_sim.board_top import SimBoard
     rtl.require_simulator(simulator)
-    models = {}
+    name = toplevel_name(build, variant)
+    text = rtl.with_free_running_clock(rtl._verilog_text(SimBoard(build, variant, divisor), name),
+                                       name, "clk", clock.CLOCK_PERIOD_NS * 1000)
+    sources, args = [], []
+    if simulator == "icarus":
+        text = rtl.icarus_time_zero_fix(text)
+    else:
+        args += rtl.TIMING_BUILD_ARGS
     if build.weight_spram:
         # weights in SB_SPRAM256KA instances (ember_hw.weights): Yosys's models simulate them
-        models = {"extra_sources": [rtl.ice40_cells_sim()], "build_args": rtl.ICE40_MODEL_ARGS}
-    return rtl.build(lambda: SimBoard(build, variant, divisor), toplevel_name(build, variant),
-                     simulator, **models)
+        sources.append(rtl.ice40_cells_sim())
+        args += rtl.ICE40_MODEL_ARGS
+    path = rtl.default_build_dir(name, simulator) / f"{name}.v"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rtl._write_if_changed(path, text)
+    return rtl.build(path, name, simulator, extra_sources=sources, build_args=args,
+                     public="ports")
 
 
 def main(argv=None):
@@ -50,6 +67,9 @@ def main(argv=None):
                     help="simulate this board's top through its pins")
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--progress-file",
+                    help="keep the simulated time here for the host's link timeouts "
+                         "(ember.device.SimulationClock)")
     ap.add_argument("--uart", action="store_true", help="bytes cross the engine's UART as bits")
     ap.add_argument("--divisor", type=int,
                     help="clock cycles per UART bit (default 4; with --top, "
@@ -67,10 +87,12 @@ def main(argv=None):
     if args.build_only:
         print(f"built {sim_build.toplevel} for {args.simulator} in {sim_build.seconds:.1f} s")
         return 0
-    rtl.run(sim_build, "ember_sim.benches.board_bench", testcase="serve",
-            case={"port_file": args.port_file, "port": args.port,
-                  "accept_timeout_s": args.accept_timeout,
-                  "quiet_cycles": 64 + (30 * args.divisor if args.uart else 0)})
+    outcome = rtl.run(sim_build, "ember_sim.benches.board_bench", testcase="serve",
+                      case={"port_file": args.port_file, "port": args.port,
+                            "accept_timeout_s": args.accept_timeout,
+                            "progress_file": args.progress_file,
+                            "quiet_cycles": 64 + (30 * args.divisor if args.uart else 0)})
+    print("board result: " + json.dumps(outcome.result), flush=True)
     return 0
 
 
@@ -85,6 +107,7 @@ def _serve_top(args):
     outcome = rtl.run(sim_build, "ember_sim.benches.board_bench", testcase="serve_pins",
                       case={"port_file": args.port_file, "port": args.port,
                             "accept_timeout_s": args.accept_timeout,
+                            "progress_file": args.progress_file,
                             "quiet_cycles": 64 + 30 * divisor,
                             **top.bench_case()})
     print("board result: " + json.dumps(outcome.result), flush=True)

@@ -4,7 +4,8 @@
 (ember_boards.icebreaker.ICEBreakerTop, ember_boards.ulx3s.ULX3STop: the PLL instance, the
 reset hold, the engine on the UART pins, the LEDs) for Verilator or Icarus, and returns with it
 the `BoardTopSim` that tells the bench (ember_sim.benches.board_bench, test ``serve_pins``)
-which port is which. The bench drives the clock pin, turns the host's bytes into UART bits
+which port is which. The clock pin is driven inside the simulated design (a wrapper module,
+ember_sim.rtl.with_free_running_clock), the bench turns the host's bytes into UART bits
 on the rx pin and the tx pin's bits back into bytes, and serves them on a loopback socket
 like the simulated board of ember_sim.board; ``python -m ember_sim.board --top icebreaker``
 and ``ember.device.open_device("sim", ..., top="icebreaker")`` use it.
@@ -33,6 +34,7 @@ share/ice40/cells_sim.v as in ember_sim.board. The PLLs are MODELLED, NOT SIMULA
 (models/pll_models.v): SB_PLL40_PAD and EHXPLLL pass their reference clock through and raise
 LOCK after 64 reference cycles. The bench therefore drives the board's clock pin at the PLL's
 *output* frequency (the top's ``clock_hz``: 24 MHz on the iCEBreaker, 30 MHz on the ULX3S),
+in whole picoseconds (BoardTopSim.clock_period_ps),
 not at the oscillator's; what the PLL dividers give is checked by tests/test_boards.py and, on
 the chip, by nextpnr. Yosys's cells_sim.v declares SB_PLL40_PAD as an empty blackbox, so the
 iCEBreaker simulation compiles a copy of it without that module (build/sim/models/).
@@ -125,8 +127,10 @@ def simulation_platform(base):
         def toolchain_prepare(self, design, name, **kwargs):
             # what a bitstream build converts to RTLIL: the design with the pins as its ports
             from amaranth.back import verilog
-            text, _ = verilog.convert_fragment(design, name=name, emit_src=False,
-                                               propagate_domains=False)
+            from ember_sim import rtl
+            with rtl.builtin_yosys():        # the same Verilog whatever YOSYS names
+                text, _ = verilog.convert_fragment(design, name=name, emit_src=False,
+                                                   propagate_domains=False)
             return text, dict(self.requested_ports)
 
     SimulationPlatform.__name__ = SimulationPlatform.__qualname__ = f"Simulation{base.__name__}"
@@ -228,10 +232,17 @@ def build_board_top(board, simulator, build=None, divisor=DEFAULT_DIVISOR):
     from ember_sim import rtl
     rtl.require_simulator(simulator)
     text, info = board_verilog(board, build, divisor)
+    # the clock pin is driven inside the design, at the PLL's output frequency (the bench
+    # waits on its edges); see rtl.with_free_running_clock for why
+    text = rtl.with_free_running_clock(text, info.toplevel, info.clock, info.clock_period_ps)
+    timing = []
     if simulator == "icarus":
         text = rtl.icarus_time_zero_fix(text)
+    else:
+        timing = list(rtl.TIMING_BUILD_ARGS)
     path = _write_if_changed(rtl.default_build_dir(info.toplevel, simulator)
                              / f"{info.toplevel}.v", text)
     sources, args = model_sources(board)
+    # the bench drives and reads the top's pins only (ember_sim.rtl.build, public="ports")
     return rtl.build(path, info.toplevel, simulator, extra_sources=sources,
-                     build_args=args), info
+                     build_args=args + timing, public="ports"), info

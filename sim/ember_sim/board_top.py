@@ -1,9 +1,19 @@
-"""The simulated board: an engine top with host-side byte FIFOs that cocotb fills and drains.
+"""The simulated board: an engine top with wide host-side burst ports that cocotb writes and
+reads a whole burst of bytes at a time.
 
-The FIFOs let the simulator-side server move whole frames without a Python wake-up on every
-edge: it writes a request's bytes one per cycle into `host_w_*` (the FIFO is deeper than the
-longest frame, and the host keeps at most one frame in flight), then lets the simulation run
-freely with a `Timer`, and drains `host_r_*` when `host_r_level` says bytes are waiting.
+Python costs a wake-up per access, several simulated cycles' worth, so the bench must not
+touch the design once per byte. The two burst ports move up to `BURST_BYTES` bytes per wake:
+
+- towards the engine, the bench writes up to BURST_BYTES bytes (first byte in bits 0..7) into
+  `host_w_burst` with their count in `host_w_count` and raises `host_w_load` for one cycle; the
+  design hands them to the engine one per cycle, as fast as the engine takes them, and
+  `host_w_busy` stays high until the last one is taken (then the bench may load the next);
+- towards the host, the engine's bytes enter a FIFO deeper than the longest frame (so the
+  engine never waits for the bench), and a collector moves them from the FIFO into
+  `host_r_burst`, one per cycle, the newest at its top: the `host_r_count` bytes it holds are
+  its top ones, the oldest lowest (`collected_bytes` reads them); `host_r_count` says how many
+  it holds and `host_r_level` how many more wait in the FIFO. Raising `host_r_take` for one cycle
+  empties the collector (a byte arriving in that same cycle becomes its first).
 
 Variants:
   "stream": EngineTop, bytes straight into the link bridge (fast);
@@ -11,7 +21,7 @@ Variants:
             UART pins as bits (8N1, `divisor` cycles per bit).
 """
 
-from amaranth import Module
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -23,13 +33,23 @@ from ember_hw.uart import UARTRx, UARTTx
 
 #: Deeper than a fully escaped longest frame (every byte doubled) plus delimiters.
 FIFO_DEPTH = 1 << (2 * max(MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES) + 4).bit_length()
+#: Bytes per bench access of a burst port: a longest frame moves in about 17 wakes. Wider
+#: ports cost every cycle: Verilator evaluates the burst registers' next-state logic (a
+#: shift of the whole register) at every clock edge, busy or not; at 256 bytes that was
+#: about a third of the board's cycle (docs/architecture.md).
+BURST_BYTES = 64
 
 
 class SimBoard(wiring.Component):
-    """Ports (all synchronous to `clk`):
-      host_w_data In(8), host_w_en In(1): push a byte towards the engine;
-      host_r_data Out(8), host_r_rdy Out(1), host_r_en In(1): pop a byte the engine sent;
-      host_r_level Out: bytes waiting; busy Out(1): the engine runs a command;
+    """Ports (all synchronous to `clk`; the module docstring describes the burst protocol;
+    ember_sim.board wraps the design so that `clk` runs inside it):
+      host_w_burst In(8 * BURST_BYTES), host_w_count In(range(BURST_BYTES + 1)),
+      host_w_load In(1): a burst of bytes towards the engine; host_w_busy Out(1): its bytes are
+      still being taken;
+      host_r_burst Out(8 * BURST_BYTES), host_r_count Out(range(BURST_BYTES + 1)): bytes the
+      engine sent, collected; host_r_take In(1): empty the collector; host_r_level Out: bytes
+      waiting in the FIFO behind the collector;
+      busy Out(1): the engine runs a command;
       idle Out(1): no command, no frame in the bridge and no byte waiting towards the engine
       (bytes may still be crossing the UART wires: the bench allows for that).
     """
@@ -39,19 +59,16 @@ class SimBoard(wiring.Component):
             raise ValueError(f"variant '{variant}' is not 'stream' or 'uart'")
         self.build, self.variant, self.divisor = build, variant, divisor
         super().__init__({
-            "host_w_data": In(8), "host_w_en": In(1),
-            "host_r_data": Out(8), "host_r_rdy": Out(1), "host_r_en": In(1),
-            "host_r_level": Out(range(FIFO_DEPTH + 1)),
+            "host_w_burst": In(8 * BURST_BYTES), "host_w_count": In(range(BURST_BYTES + 1)),
+            "host_w_load": In(1), "host_w_busy": Out(1),
+            "host_r_burst": Out(8 * BURST_BYTES), "host_r_count": Out(range(BURST_BYTES + 1)),
+            "host_r_take": In(1), "host_r_level": Out(range(FIFO_DEPTH + 1)),
             "busy": Out(1), "idle": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.to_engine = to_engine = SyncFIFOBuffered(width=8, depth=FIFO_DEPTH)
         m.submodules.to_host = to_host = SyncFIFOBuffered(width=8, depth=FIFO_DEPTH)
-        m.d.comb += [to_engine.w_data.eq(self.host_w_data), to_engine.w_en.eq(self.host_w_en),
-                     self.host_r_data.eq(to_host.r_data), self.host_r_rdy.eq(to_host.r_rdy),
-                     to_host.r_en.eq(self.host_r_en), self.host_r_level.eq(to_host.r_level)]
         if self.variant == "stream":
             m.submodules.engine = engine = EngineTop(self.build)
             src, sink = engine.rx, engine.tx
@@ -61,9 +78,38 @@ class SimBoard(wiring.Component):
             m.submodules.host_rx = host_rx = UARTRx(self.divisor)
             m.d.comb += [engine.rx.eq(host_tx.tx), host_rx.rx.eq(engine.tx)]
             src, sink = host_tx.i, host_rx.o
-        m.d.comb += [src.payload.eq(to_engine.r_data), src.valid.eq(to_engine.r_rdy),
-                     to_engine.r_en.eq(src.ready),
-                     to_host.w_data.eq(sink.payload), to_host.w_en.eq(sink.valid),
-                     sink.ready.eq(to_host.w_rdy), self.busy.eq(engine.busy),
-                     self.idle.eq(~engine.busy & ~engine.link_busy & ~to_engine.r_rdy)]
+
+        # towards the engine: a shift register, its lowest byte offered to the engine
+        pending = Signal(8 * BURST_BYTES)
+        left = Signal(range(BURST_BYTES + 1))
+        m.d.comb += [src.payload.eq(pending[:8]), src.valid.eq(left != 0),
+                     self.host_w_busy.eq(left != 0)]
+        with m.If(self.host_w_load):
+            m.d.sync += [pending.eq(self.host_w_burst), left.eq(self.host_w_count)]
+        with m.Elif(src.valid & src.ready):
+            m.d.sync += [pending.eq(pending >> 8), left.eq(left - 1)]
+
+        # towards the host: FIFO, then a collector the bench reads in one access
+        collected = Signal(8 * BURST_BYTES)
+        count = Signal(range(BURST_BYTES + 1))
+        m.d.comb += [to_host.w_data.eq(sink.payload), to_host.w_en.eq(sink.valid),
+                     sink.ready.eq(to_host.w_rdy),
+                     self.host_r_burst.eq(collected), self.host_r_count.eq(count),
+                     self.host_r_level.eq(to_host.r_level)]
+        # each byte enters at the top and the older ones move down, so the `count` newest are
+        # the top `count` bytes, in order; after a take the ones below them are stale
+        m.d.comb += to_host.r_en.eq(self.host_r_take | (count != BURST_BYTES))
+        with m.If(to_host.r_rdy & to_host.r_en):
+            m.d.sync += [collected.eq(Cat(collected[8:], to_host.r_data)),
+                         count.eq(Mux(self.host_r_take, 1, count + 1))]
+        with m.Elif(self.host_r_take):
+            m.d.sync += count.eq(0)
+
+        m.d.comb += [self.busy.eq(engine.busy),
+                     self.idle.eq(~engine.busy & ~engine.link_busy & (left == 0))]
         return m
+
+
+def collected_bytes(burst_value, count):
+    """The `count` bytes a `host_r_burst` value (an int) holds, oldest first."""
+    return (burst_value >> (8 * (BURST_BYTES - count))).to_bytes(BURST_BYTES, "little")[:count]

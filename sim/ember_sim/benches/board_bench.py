@@ -5,19 +5,22 @@ port) and talks the link protocol; this bench moves the bytes between the socket
 design and otherwise lets the simulation run in large steps. It ends when the host closes the
 connection. Two designs, one serving loop (`_serve`) with an adapter for each:
 
-``serve``: the SimBoard of ember_sim.board_top (`_FifoLink`): bytes go through its host-side
-FIFOs, and its `busy` and `idle` outputs tell when the engine is done.
+``serve``: the SimBoard of ember_sim.board_top (`_BurstLink`): bytes go through its burst
+ports, up to BURST_BYTES per wake, and its `busy` and `idle` outputs tell when the engine is
+done.
 
 ``serve_pins``: a real board top (ember_sim.board_sim; selected by name) driven through its
-pins only (`_PinLink`): the bench drives the clock pin, sends the host's bytes as 8N1 bits on
-the UART rx pin and reads the tx pin's bits back into bytes (one wake per bit), and watches the
-LED pins. With no status port, it tells a link at rest by counting frames: every request frame
-is answered by exactly one response frame (ember.protocol), so once both directions have
-carried as many frames and the wires are quiet, nothing can happen until the host sends.
+pins only (`_PinLink`): the clock pin runs inside the design, the bench sends the host's
+bytes as 8N1 bits on the UART rx pin and reads the tx pin's bits back into bytes (one wake per
+bit), and watches the LED pins. With no status port, it tells a link at rest by counting
+frames: every request frame is answered by exactly one response frame (ember.protocol), so
+once both directions have carried as many frames and the wires are quiet, nothing can happen
+until the host sends.
 
 Case (ember_sim.rtl.load_case): {"port_file": path, "port": 0 or a fixed port,
 "accept_timeout_s": seconds to wait for the host, "quiet_cycles": idle cycles after which the
-link is surely idle and the bench blocks on the socket instead of simulating}; ``serve_pins``
+link is surely idle and the bench blocks on the socket instead of simulating, "progress_file":
+where the simulated time goes for the host (_Progress), optional}; ``serve_pins``
 also takes the pins and timing of ember_sim.board_sim.BoardTopSim.bench_case() and writes
 back {"cycles", "leds": {role: {"pin", "active_low", "start", "end", "seen", "changes"}},
 "line_errors"}: each LED pin's level after the start-up, at the end, every level it had and
@@ -29,31 +32,75 @@ import select
 import socket
 
 import cocotb
-from cocotb.clock import Clock
 from cocotb.queue import Queue
-from cocotb.triggers import Event, FallingEdge, First, Timer
+from cocotb.simtime import get_sim_time
+from cocotb.triggers import Event, FallingEdge, First, RisingEdge, Timer
 
 from ember import spec
 from ember.protocol import SlipDecoder
 from ember_sim import clock, rtl
+from ember_sim.board_top import BURST_BYTES, collected_bytes
 
 MIN_STEP, MAX_STEP = 64, 4096
+#: Longest span the engine runs a command without a wake (the wake updates the progress file).
+BUSY_STEP = 1 << 15
 
 
-async def drain(dut, count):
-    """Pop `count` bytes the engine sent (called at a falling edge); returns them and the
-    cycles it took."""
+async def cycles(dut, count):
+    """Let `count` cycles pass with one wake (called at a falling edge of `clk`, returns at
+    the `count`-th falling edge after it)."""
+    # end a quarter period before the falling edge, then meet that edge: an await that fired
+    # in the very time step of an edge could return without a rising edge in between
+    period_ps = clock.CLOCK_PERIOD_NS * 1000
+    await Timer(count * period_ps - period_ps // 4, unit="ps")
+    await FallingEdge(dut.clk)
+
+
+async def load_burst(dut, data):
+    """Hand up to BURST_BYTES bytes to the SimBoard's `host_w_burst` port (at a falling edge,
+    the previous burst taken); returns at the next falling edge."""
+    dut.host_w_burst.value = int.from_bytes(data, "little")
+    dut.host_w_count.value = len(data)
+    dut.host_w_load.value = 1
+    await FallingEdge(dut.clk)
+    dut.host_w_load.value = 0
+
+
+async def drain(dut):
+    """Collect every byte the engine has sent so far, up to BURST_BYTES per wake (called at a
+    falling edge); returns them and the cycles it took."""
     out = bytearray()
-    cycles = 0
-    while len(out) < count:
-        ready = int(dut.host_r_rdy.value)
-        if ready:
-            out.append(int(dut.host_r_data.value))
-        dut.host_r_en.value = ready
-        await FallingEdge(dut.clk)
-        cycles += 1
-    dut.host_r_en.value = 0
-    return bytes(out), cycles
+    spent = 0
+    count, level = int(dut.host_r_count.value), int(dut.host_r_level.value)
+    while count or level:
+        if level and count < BURST_BYTES:
+            # the collector takes one byte per cycle from the FIFO
+            step = min(level, BURST_BYTES - count)
+            await cycles(dut, step)
+            spent += step
+        else:
+            out += collected_bytes(int(dut.host_r_burst.value), count)
+            dut.host_r_take.value = 1
+            await FallingEdge(dut.clk)
+            dut.host_r_take.value = 0
+            spent += 1
+        count, level = int(dut.host_r_count.value), int(dut.host_r_level.value)
+    return bytes(out), spent
+
+
+class _Progress:
+    """The simulation's progress for the host: the simulated time in picoseconds, as 8
+    little-endian bytes at the start of the file `path` (the case's "progress_file"), which
+    ember.device.SimulationClock reads. The host measures its link timeouts on it, so a slow
+    simulator makes the host wait longer, never send a frame again. No file: does nothing."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644) if path else None
+        self.update()
+
+    def update(self):
+        if self.fd is not None:
+            os.pwrite(self.fd, int(get_sim_time("ps")).to_bytes(8, "little"), 0)
 
 
 def _accept(case):
@@ -75,15 +122,32 @@ def _accept(case):
     return conn
 
 
-async def _serve(conn, link, quiet_limit):
-    """Move bytes between the host's connection and `link` (_FifoLink or _PinLink) until the
+async def _serve(conn, link, quiet_limit, profile=None, progress=None):
+    """Move bytes between the host's connection and `link` (_BurstLink or _PinLink) until the
     host closes it; returns the cycles simulated while bytes moved or the link settled (not
-    while the engine ran a command: see _FifoLink.run_while_busy). `quiet_limit`: cycles
+    while the engine ran a command: see _BurstLink.run_while_busy). `quiet_limit`: cycles
     without traffic after which the link is surely idle (a UART byte takes 10 * divisor
-    cycles; give it a few bytes' time)."""
+    cycles; give it a few bytes' time). `profile`, a dict, gets the wall seconds spent in
+    each part of the loop ("send", "receive", "busy", "step", "host") and the wakes of each;
+    `progress` (a _Progress) is told the simulated time at every turn of the loop. At the
+    end `profile` also gets the loop's wall and CPU seconds and the simulated ns."""
+    import time
+    profile = {} if profile is None else profile
+    clock_now = time.perf_counter
+
+    def spent(part, since):
+        now = clock_now()
+        profile[part + "_s"] = profile.get(part + "_s", 0.0) + now - since
+        profile[part + "_n"] = profile.get(part + "_n", 0) + 1
+        return now
+
+    progress = progress or _Progress(None)
+    started, started_cpu = clock_now(), time.process_time()
     step = MIN_STEP
     cycles = quiet = 0
     while True:
+        progress.update()
+        t = clock_now()
         try:
             data = conn.recv(1 << 16)
             if not data:
@@ -96,33 +160,42 @@ async def _serve(conn, link, quiet_limit):
         if data:
             cycles += await link.send(data)
             moved = True
-        out, spent = await link.receive()
-        cycles += spent
+            t = spent("send", t)
+        out, spent_cycles = await link.receive()
+        cycles += spent_cycles
         if out:
             try:
                 conn.sendall(out)
             except (BrokenPipeError, ConnectionResetError):
                 break
             moved = True
+            t = spent("receive", t)
         if await link.run_while_busy():
             step = MIN_STEP
+            spent("busy", t)
         elif moved:
             step, quiet = MIN_STEP, 0
         elif quiet >= quiet_limit and link.idle():
             # nothing in flight and the engine idle: nothing can happen until the host
             # sends, so wait for it without advancing simulated time
             select.select([conn], [], [], 0.5)
+            spent("host", t)
         else:
             await link.step(step)
             cycles += step
             quiet += step
             step = min(MAX_STEP, step * 2)
+            spent("step", t)
     conn.close()
+    # the simulator process's CPU seconds too: on a shared machine they do not grow with
+    # the other processes' load the way wall seconds do
+    profile.update(wall_s=clock_now() - started, cpu_s=time.process_time() - started_cpu,
+                   sim_ns=int(get_sim_time("ns")))
     return cycles
 
 
-class _FifoLink:
-    """The SimBoard's host FIFOs; every call starts and ends at a falling edge of `clk`."""
+class _BurstLink:
+    """The SimBoard's burst ports; every call starts and ends at a falling edge of `clk`."""
 
     def __init__(self, dut):
         self.dut = dut
@@ -131,29 +204,36 @@ class _FifoLink:
     async def start(self):
         dut = self.dut
         # inputs are driven before the reset ends: an undriven strobe is X in Icarus, and an
-        # X byte strobe in the cycle after the reset would be counted into the link counters
-        dut.host_w_en.value = 0
-        dut.host_r_en.value = 0
-        clk = clock.start_clock(dut)
-        await clock.reset(dut, clk)
+        # X load or take strobe in the cycle after the reset would move bytes
+        dut.host_w_load.value = 0
+        dut.host_w_count.value = 0
+        dut.host_w_burst.value = 0
+        dut.host_r_take.value = 0
+        # the clock runs inside the design (ember_sim.board.build_board): hold the
+        # synchronous reset for two rising edges
+        dut.rst.value = 1
+        for _ in range(2):
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        await RisingEdge(dut.clk)
 
     async def ready(self):
         await FallingEdge(self.dut.clk)
 
     async def send(self, data):
         dut = self.dut
-        for byte in data:
-            dut.host_w_data.value = byte
-            dut.host_w_en.value = 1
-            await FallingEdge(dut.clk)
-        dut.host_w_en.value = 0
-        return len(data)
+        spent = 0
+        for start in range(0, len(data), BURST_BYTES):
+            if int(dut.host_w_busy.value):
+                await FallingEdge(dut.host_w_busy)
+                await FallingEdge(dut.clk)
+                spent += 1
+            await load_burst(dut, data[start:start + BURST_BYTES])
+            spent += 1
+        return spent
 
     async def receive(self):
-        level = int(self.dut.host_r_level.value)
-        if not level:
-            return b"", 0
-        return await drain(self.dut, level)
+        return await drain(self.dut)
 
     async def run_while_busy(self):
         """If the engine runs a command, run at full speed until it is done (the host's status
@@ -161,30 +241,28 @@ class _FifoLink:
         dut = self.dut
         if not int(dut.busy.value):
             return False
-        await First(Timer(MAX_STEP * self.period, unit="ns"), FallingEdge(dut.busy))
+        await First(Timer(BUSY_STEP * self.period, unit="ns"), FallingEdge(dut.busy))
         await FallingEdge(dut.clk)
         return True
 
     def idle(self):
         return bool(int(self.dut.idle.value))
 
-    async def step(self, cycles):
-        # end the step a quarter period before a falling edge, then meet that edge: an
-        # await that fired in the very time step of an edge could return without a
-        # rising edge in between and lose the byte written before it
-        await Timer(cycles * self.period * 1000 - self.period * 250, unit="ps")
-        await FallingEdge(self.dut.clk)
+    async def step(self, count):
+        await cycles(self.dut, count)
 
 
 @cocotb.test()
 async def serve(dut):
     case = rtl.load_case()
-    link = _FifoLink(dut)
+    link = _BurstLink(dut)
     await link.start()
     conn = _accept(case)
     await link.ready()
-    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)))
-    rtl.write_result({"cycles": cycles})
+    profile = {}
+    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)), profile,
+                          _Progress(case.get("progress_file")))
+    rtl.write_result({"cycles": cycles, "profile": profile})
 
 
 def _level(handle):
@@ -193,7 +271,8 @@ def _level(handle):
 
 
 class _PinLink:
-    """A board top through its pins: the clock pin, the UART's rx (driven here) and tx
+    """A board top through its pins: the clock pin (running inside the design, watched for
+    its edges), the UART's rx (driven here) and tx
     (sampled here) pins and the LED pins (watched). Frames are counted both ways."""
 
     def __init__(self, dut, case):
@@ -216,7 +295,7 @@ class _PinLink:
 
     async def start(self):
         self.rx.value = 1                              # the line idles high
-        Clock(self.clock, self.period_ps, unit="ps", impl="gpi").start(start_high=False)
+        # the clock pin runs inside the design (ember_sim.board_sim.build_board_top)
         # the PLL model locks, then the top holds the engine in reset (engine_domain)
         await Timer(self.startup_cycles * self.period_ps, unit="ps")
         await FallingEdge(self.clock)
@@ -312,49 +391,56 @@ async def serve_pins(dut):
     link = _PinLink(dut, case)
     await link.start()
     conn = _accept(case)
-    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)))
-    rtl.write_result({"cycles": cycles, **link.report()})
+    profile = {}
+    cycles = await _serve(conn, link, int(case.get("quiet_cycles", 1024)), profile,
+                          _Progress(case.get("progress_file")))
+    rtl.write_result({"cycles": cycles, "profile": profile, **link.report()})
 
 
 @cocotb.test(skip=True)
 async def idle_speed(dut):
     """Simulated cycles per second of the whole board with Python asleep (selected by name)."""
     import time
-    cycles = int(rtl.load_case().get("cycles", 200_000))
-    # inputs are driven before the reset ends: an undriven strobe is X in Icarus, and an X
-    # byte strobe in the cycle after the reset would be counted into the link counters
-    dut.host_w_en.value = 0
-    dut.host_r_en.value = 0
-    clk = clock.start_clock(dut)
-    await clock.reset(dut, clk)
-    start = time.perf_counter()
-    await clock.wait_cycles(clk, cycles)
-    rtl.write_result({"cycles": cycles, "seconds": time.perf_counter() - start})
+    count = int(rtl.load_case().get("cycles", 200_000))
+    link = _BurstLink(dut)
+    await link.start()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    await link.ready()
+    await cycles(dut, count)
+    # CPU seconds too: on a shared machine they do not grow with other processes' load
+    rtl.write_result({"cycles": count, "seconds": time.perf_counter() - start,
+                      "cpu_seconds": time.process_time() - start_cpu})
 
 
 @cocotb.test(skip=True)
 async def answers_a_frame(dut):
-    """A READ of the id register pushed into the FIFO is answered (selected by name)."""
+    """Three READs loaded as one burst are answered, in more bytes than a burst holds
+    (selected by name)."""
     from ember import protocol, regmap
-    clk = clock.start_clock(dut)
-    dut.host_w_en.value = 0
-    dut.host_r_en.value = 0
-    await clock.reset(dut, clk)
-    await FallingEdge(dut.clk)
-    frame = protocol.encode_request("read", 5, regmap.reg("id"), 1)
-    for byte in frame:
-        dut.host_w_data.value = byte
-        dut.host_w_en.value = 1
-        await FallingEdge(dut.clk)
-    dut.host_w_en.value = 0
-    for _ in range(2000):
-        await FallingEdge(dut.clk)
-        if int(dut.host_r_level.value):
+    link = _BurstLink(dut)
+    await link.start()
+    await link.ready()
+    words = 2 * len(spec.COUNTERS)
+    read_id = protocol.encode_request("read", 5, regmap.reg("id"), 1)
+    read_counters = protocol.encode_request("read", 6, regmap.region("counters"), words)
+    frames = read_id + read_counters + protocol.encode_request("read", 7, regmap.reg("id"), 1)
+    await link.send(frames)
+    out = bytearray()
+    for _ in range(200):
+        await link.step(64)
+        got, _ = await link.receive()
+        out += got
+        if len(protocol.SlipDecoder().feed(bytes(out))) == 3:
             break
-    for _ in range(100):                     # the rest of the response
-        await FallingEdge(dut.clk)
-    out, _ = await drain(dut, int(dut.host_r_level.value))
+    assert len(out) > BURST_BYTES, f"{len(out)} bytes answered; the test needs > {BURST_BYTES}"
     payloads = protocol.SlipDecoder().feed(bytes(out))
-    assert payloads, f"no response frame in {bytes(out)!r} (level {level})"
-    response = protocol.decode_response(payloads[0])
-    assert response.status == "ok" and response.words == [spec.ENGINE_ID], response
+    assert len(payloads) == 3, f"{len(payloads)} response frames in {bytes(out)!r}"
+    first, second, third = (protocol.decode_response(p) for p in payloads)
+    for response, seq in ((first, 5), (third, 7)):
+        assert response.status == "ok" and response.seq == seq, response
+        assert response.words == [spec.ENGINE_ID], response
+    assert second.status == "ok" and second.seq == 6 and len(second.words) == words, second
+    counters = regmap.counters_from_words(second.words)
+    # the bridge takes a frame's bytes only once it has answered the one before
+    assert counters["link_rx_bytes"] == len(read_id) + len(read_counters), counters
+    assert counters["link_tx_bytes"] == len(protocol.slip_encode(payloads[0])), counters
