@@ -9,7 +9,7 @@ ARGS   ?=
 PYTEST_ARGS ?=
 
 BOARD  ?= icebreaker
-SEED   ?= 1
+SEED   ?=
 ICEPROG ?= iceprog
 OPENFPGALOADER ?= openFPGALoader
 BITSTREAM_icebreaker := build/icebreaker/top.bin
@@ -40,7 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python -m ember.bench --fleet $(ARGS)
 
 bitstream: $(STAMP)
-	$(BIN)/python -m ember_boards.build --board $(BOARD) --seed $(SEED) --out build/$(BOARD)
+	$(BIN)/python -m ember_boards.build --board $(BOARD) $(if $(SEED),--seed $(SEED)) --out build/$(BOARD)
 
 prog:
 	@test -f "$(BITSTREAM_$(BOARD))" || { echo "no bitstream for BOARD=$(BOARD); run make bitstream BOARD=$(BOARD) first" >&2; exit 1; }
