@@ -169,6 +169,7 @@ def test_act_write_limit_follows_batch_and_inputs():
             await d.write_words(regmap.region("acts"), [0x04030201] * 8)      # 32 bytes
             totals.append(await d.read(regmap.counter("act_writes")))
 
+        await d.write(regmap.region("labels"), 0)      # the batch's labels (a train needs)
         for control in (spec.CONTROL_INFER, spec.CONTROL_TRAIN):
             await d.write(regmap.reg("control"), control)
             await write_acts()

@@ -1,7 +1,7 @@
 """The register bank (ember_hw.regbank.RegisterBank) alone in the Amaranth simulator, against its
 twin, the model backend's VirtualEngine: every register, descriptor field and counter-window
-address answers the same words and errors; widths come from spec's table (a write keeps the
-register's low Setting.bits bits, on both); and the bank's side towards the sequencer (CONTROL
+address answers the same words and errors; widths and ranges come from spec's table (a write
+out of range is refused, on both); and the bank's side towards the sequencer (CONTROL
 strobes and the command's late answer, busy answers, descriptor loads, the input batch's limit
 strobe) keeps its timing."""
 
@@ -64,6 +64,24 @@ def run(dut, body):
     sim.run()
 
 
+async def configure(drv, build, layers, batch, label_words=None):
+    """Write a network's descriptors and settings as the host does, and mark the batch's label
+    words written (the engine's label port)."""
+    for addr, value in regmap.descriptor_writes(layers, build, batch):
+        answer = (await drv.access(addr, value))[0]
+        assert answer[0] == "ok", (hex(addr), value, answer)
+    await mark_labels(drv, range((batch + 1) // 2 if label_words is None else label_words))
+
+
+async def mark_labels(drv, words):
+    ctx, dut = drv.ctx, drv.dut
+    for w in words:
+        ctx.set(dut.label_written, 1)
+        ctx.set(dut.label_word, w)
+        await ctx.tick()
+    ctx.set(dut.label_written, 0)
+
+
 def register_addresses(build):
     rw = [regmap.reg(n) for n, (_, mode) in spec.REGISTERS.items() if mode == "rw"]
     fields = [regmap.layer_field(layer, f) for layer in range(build.max_layers)
@@ -117,8 +135,7 @@ def test_bank_answers_like_the_model(build):
 
 
 def test_widths_follow_the_build():
-    """Each setting's register is as wide as its largest legal value needs (spec's table),
-    and a write keeps that many low bits."""
+    """Each setting's register is as wide as its largest legal value needs (spec's table)."""
     dut = RegisterBank(SMALL)
     table = SMALL.settings()
     assert len(dut.settings.batch) == (SMALL.max_batch).bit_length() == table["batch"].bits
@@ -128,17 +145,41 @@ def test_widths_follow_the_build():
     fields = SMALL.descriptor_fields()
     assert fields["weight_base"].bits == (SMALL.weight_words - 1).bit_length()
     assert fields["shift"].hi == spec.FORWARD_SHIFT_MAX
-    seen = {}
+
+
+def test_out_of_range_writes_are_refused_not_truncated():
+    """Issue 15, item 3: a write outside a setting's or field's lo..hi is answered bad_value
+    and the register keeps its value, on the bank and the model alike (v1 kept the low bits:
+    batch 0x80000001 read back 1 on the board and 0x80000001 in the model); the range's
+    ends are taken."""
+    dut = RegisterBank(SMALL)
+    model = VirtualEngine(SMALL)
+    table, fields = SMALL.settings(), SMALL.descriptor_fields()
+    cases = [(regmap.reg(n), s) for n, s in table.items()] + \
+        [(regmap.layer_field(1, f), s) for f, s in fields.items()]
+    log = []
 
     async def bench(ctx):
         drv = BankDriver(ctx, dut)
-        await drv.access(regmap.reg("batch"), 0x80000009)     # 9 > max_batch: low 4 bits
-        await drv.access(regmap.reg("lr_shift"), 0x7F)
-        seen["batch"] = ctx.get(dut.settings.batch)
-        seen["lr_shift"] = ctx.get(dut.settings.lr_shift)
+        for addr, s in cases:
+            good = [s.lo, s.hi]
+            bad = [v for v in (s.lo - 1, s.hi + 1, s.hi + 1 + (1 << 31), 0x80000001)
+                   if 0 <= v < (1 << 32) and not s.contains(v)]
+            for value in good + bad:
+                before = (await drv.access(addr))[0]
+                got = (await drv.access(addr, value))[0][0]
+                after = (await drv.access(addr))[0]
+                want = model_access(model, addr, value)[0]
+                log.append((s.name, value, got, want, before, after,
+                            model_access(model, addr)))
 
     run(dut, bench)
-    assert seen == {"batch": 9, "lr_shift": 0x3F}
+    for name, value, got, want, before, after, model_after in log:
+        legal = SMALL.settings().get(name, SMALL.descriptor_fields().get(name)).contains(value)
+        assert got == want == ("ok" if legal else "bad_value"), (name, value, got, want)
+        assert after == model_after, (name, value, after, model_after)
+        assert after == (("ok", value) if legal else before), (name, value, before, after)
+    assert any(name == "batch" and value == 0x80000001 for name, value, *_ in log)
 
 
 def test_left_out_units_have_constant_settings():
@@ -202,28 +243,34 @@ def test_control_busy_and_descriptor_loads():
         ctx.set(dut.desc_loading, 0)
         answer, cycles = await drv.access(regmap.layer_field(0, "inputs"))
         log["desc_read"] = (waited, answer, cycles)
-        # a train command: strobe, then the answer after busy drops
+        # a train command on a network that passes the command check: the check's cycles,
+        # then the strobes, then the answer after busy drops
+        await configure(drv, SMALL, [20, 9, 5], 3)
         ctx.set(dut.sel, 1)
         ctx.set(dut.write, 1)
         ctx.set(dut.addr, regmap.reg("control"))
         ctx.set(dut.w_data, spec.CONTROL_TRAIN | spec.CONTROL_CLEAR_COUNTERS)
-        strobes, answered = [], None
-        for cycle in range(12):
+        strobes, answered, started = [], None, None
+        for cycle in range(400):
             await ctx.tick()
             strobes.append((ctx.get(dut.start_train), ctx.get(dut.start_infer),
                             ctx.get(dut.clear_counters)))
             if ctx.get(dut.start_train):
+                started = cycle
                 ctx.set(dut.busy, 1)        # the sequencer starts
-            if cycle == 6:
+            if started is not None and cycle == started + 6:
                 ctx.set(dut.busy, 0)        # ... and finishes
+            assert not ctx.get(dut.err)
             if ctx.get(dut.ack):
                 answered = cycle
                 break
         await ctx.tick()
         ctx.set(dut.sel, 0)
         await ctx.tick()
-        log["strobes"] = strobes[:3]
-        log["answered"] = answered
+        log["strobes"] = strobes[started:started + 3]
+        log["before"] = set(strobes[:started])
+        log["answered"] = answered - started
+        log["rejected"] = (await drv.access(regmap.reg("rejected")))[0]
         # busy answers
         ctx.set(dut.busy, 1)
         log["busy"] = [(await drv.access(a, 1))[0][0] for a in
@@ -239,7 +286,9 @@ def test_control_busy_and_descriptor_loads():
     waited, answer, cycles = log["desc_read"]
     assert waited == 5 and answer == ("ok", 23) and cycles == 1
     assert log["strobes"] == [(1, 0, 1), (0, 0, 0), (0, 0, 0)]
+    assert log["before"] == {(0, 0, 0)}  # nothing happens while the command is checked
     assert log["answered"] == 6          # the first cycle with busy low again
+    assert log["rejected"] == ("ok", 0)
     assert log["busy"] == ["busy", "busy", "busy"]
     assert log["status"] == ("ok", 1)
 

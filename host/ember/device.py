@@ -16,6 +16,7 @@ import numpy as np
 from . import __version__, golden, regmap, spec
 from .golden import GoldenModel
 from .spec import ConfigError, StepSettings
+from .protocol import LinkError
 
 BACKENDS = ("model", "sim", "board")
 
@@ -123,7 +124,7 @@ class EngineDevice(Device):
         self._closer = closer
         regs = {name: transport.read_words(regmap.reg(name), 1)[0]
                 for name, (_, mode) in spec.REGISTERS.items() if mode == "ro"
-                and name not in ("status", "correct")}
+                and name not in ("status", "correct", "rejected")}
         if regs["id"] != spec.ENGINE_ID:
             raise ConfigError(f"the device answered id {regs['id']:#010x}; an Ember engine "
                               f"answers {spec.ENGINE_ID:#010x}")
@@ -201,11 +202,22 @@ class EngineDevice(Device):
     command_timeout = 60.0
 
     def _run(self, control):
-        """Start a command; the engine answers the write when the command has finished."""
+        """Start a command; the engine answers the write when the command has finished. A
+        command the engine's own check refuses (bad_value; the host's checks should have
+        caught it first) raises ConfigError naming the check (REJECTED)."""
         timeout = self.link.timeout
         self.link.timeout = max(timeout, self.command_timeout)
         try:
             self.link.write_words(regmap.reg("control"), [control])
+        except LinkError as e:
+            if e.status != "bad_value":
+                raise
+            check = self.link.read_words(regmap.reg("rejected"), 1)[0]
+            names = list(spec.COMMAND_CHECKS)
+            why = (f"{names[check - 1]}: {spec.COMMAND_CHECKS[names[check - 1]]}"
+                   if 1 <= check <= len(names) else f"REJECTED reads {check}")
+            raise ConfigError(f"the device refused the command ({why}); nothing was "
+                              "changed on it") from e
         finally:
             self.link.timeout = timeout
 

@@ -104,7 +104,7 @@ class TrainConfig:
         sparse = self.ssprop_keep < 1.0
         used = {"zero_skip": self.zero_skip, "slu": self.slu != "all", "psg": self.psg,
                 "ssprop": sparse, "ssprop_random": sparse and self.ssprop_variant == "random"}
-        return tuple(name for name in spec.FEATURES if used[name])
+        return tuple(name for name in spec.FEATURES if used.get(name))
 
     def to_dict(self):
         d = asdict(self)

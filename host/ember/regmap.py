@@ -167,6 +167,8 @@ def register_map():
         "control": {"train": spec.CONTROL_TRAIN, "infer": spec.CONTROL_INFER,
                     "clear_counters": spec.CONTROL_CLEAR_COUNTERS},
         "status": {name: code for name, code in spec.LINK_STATUS.items()},
+        # REJECTED reads 1 + the index of the check a refused command failed
+        "command_checks": list(spec.COMMAND_CHECKS),
     }
 
 

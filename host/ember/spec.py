@@ -129,7 +129,10 @@ SPRAM_BLOCKS = 4
 #: Optional engine units, in the bit order of the read-only FEATURES register. A build leaves
 #: out the units it does not list in Build.features (to fit a small FPGA); the host refuses
 #: settings that need a missing unit before it writes anything.
-FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random")
+#: command_check is the engine's own check of every command against the build's memories
+#: (ember_hw.stepcheck.StepCheck, COMMAND_CHECKS); a build without it checks only "layers"
+#: and "batch" (no command can hang), and trusts its host for the rest.
+FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random", "command_check")
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,9 @@ class Setting:
     """One read-write register or layer-descriptor field of a build: its legal range and the
     register that holds it.
 
-    lo, hi:   the values a write may carry (the host checks them before it writes; the
-              engine's register holds exactly 0..hi, see `bits`).
+    lo, hi:   the values a write may carry. The host checks them before it writes; the engine
+              (and the model) answer a write outside lo..hi `bad_value` and keep the value
+              they had, so a register never holds a value it was not meant to.
     init:     the value after reset (may lie outside lo..hi: batch and layers start at 0,
               "nothing configured").
     feature:  the optional unit (FEATURES) whose setting this is; a build without that unit
@@ -152,8 +156,7 @@ class Setting:
 
     @property
     def bits(self):
-        """The register's width: the fewest bits that hold 0..hi. A bus write keeps the low
-        `bits` bits of the 32-bit word (the engine and the model alike)."""
+        """The register's width: the fewest bits that hold 0..hi."""
         return max(1, self.hi.bit_length())
 
     def contains(self, value):
@@ -252,8 +255,8 @@ class Build:
         holds any word (byte) of its memory; whether the layer then fits is the network
         check's (check_network), which knows the sizes."""
         table = (
-            Setting("inputs", 1, self.max_width),
-            Setting("outputs", 1, self.max_width),
+            Setting("inputs", 1, self.max_width, init=1),
+            Setting("outputs", 1, self.max_width, init=1),
             Setting("weight_base", 0, self.weight_words - 1),
             Setting("act_base", 0, self.act_bytes - 1),
             Setting("shift", 0, FORWARD_SHIFT_MAX),
@@ -396,7 +399,7 @@ class StepSettings:
                 "psg": self.psg,
                 "ssprop": self.keep_q8 < KEEP_ONE,
                 "ssprop_random": self.keep_q8 < KEEP_ONE and self.ssprop_random}
-        return tuple(name for name in FEATURES if used[name])
+        return tuple(name for name in FEATURES if used.get(name))
 
     def check(self, n_layers, build=None):
         """Raise ConfigError naming the first value out of its range, or the first unit the
@@ -488,13 +491,74 @@ REGISTERS = {
     "psg_step_shift": (0x1E, "rw"),
     "keep_q8": (0x1F, "rw"),
     "lfsr_seed": (0x20, "rw"),
+    "rejected": (0x13, "ro"),      # 1 + the COMMAND_CHECKS index the last command failed; 0
 }
 #: Layer descriptor l lives at LAYER_BASE + l * LAYER_STRIDE + field offset.
 LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 2
+ENGINE_VERSION = 3              # 3: writes and commands checked in the engine (bad_value)
+
+#: The checks a train or infer command passes before it starts, in the order the engine makes
+#: them (ember_hw.stepcheck.StepCheck; the model: check_command). "layers" and "batch" first;
+#: then, layer by layer from the input side, "chain", "weights" and "acts"; then the rest.
+#: (No width is ever 0: descriptor fields refuse 0 and start at 1.) A command that fails one is answered `bad_value` at CONTROL's address and changes
+#: nothing; REJECTED then reads 1 + the failed check's index (0 after a command that passed).
+COMMAND_CHECKS = {
+    "layers": "the layer count is 0 (no network configured)",
+    "batch": "the batch size is 0",
+    "chain": "a layer's inputs differ from the outputs of the layer below it",
+    "weights": "a layer's weights do not start where the layer below's end (layer 0's at "
+               "word 0), or run past the weight memory",
+    "acts": "a layer's input activations do not start where the layer below's end (layer "
+            "0's at byte 0), or run past the activation memory",
+    "classes": "the output layer has fewer than 2 outputs (classes)",
+    "grads": "the batch's output gradients need more words than the gradient memory holds",
+    "scratch": "the batch's input gradients need more entries than the dX scratch holds",
+    "labels": "a label of the batch has not been written since the class count last changed",
+}
+
+
+def check_command(build, regs, layer_fields, train, labels_written):
+    """The first of COMMAND_CHECKS a train (`train` true) or infer command fails, or None.
+
+    regs: the read-write registers ({name: value}); layer_fields: per layer, {field: value}
+    (spec.LAYER_FIELDS); labels_written: a bit mask, bit w set if label word w (labels 2w and
+    2w + 1) has been written since the class count last changed."""
+    n, batch = regs["layers"], regs["batch"]
+    if n == 0:
+        return "layers"
+    if batch == 0:
+        return "batch"
+    widest_blocks = widest_hidden = 0
+    weights_end = acts_end = 0          # where the layer below's weights and inputs end
+    for l in range(n):
+        d = layer_fields[l]
+        k, out = d["inputs"], d["outputs"]
+        if l > 0 and k != layer_fields[l - 1]["outputs"]:
+            return "chain"
+        # the layers packed as the host lays them out (regmap.layout), nothing between them
+        if d["weight_base"] != weights_end or \
+                d["weight_base"] + build.blocks(out) * k > build.weight_words:
+            return "weights"
+        if d["act_base"] != acts_end or d["act_base"] + batch * k > build.act_bytes:
+            return "acts"
+        weights_end = d["weight_base"] + build.blocks(out) * k
+        acts_end = d["act_base"] + batch * k
+        widest_blocks = max(widest_blocks, build.blocks(out))
+        if l < n - 1:
+            widest_hidden = max(widest_hidden, out)
+    if layer_fields[n - 1]["outputs"] < 2:
+        return "classes"
+    if 2 * batch * widest_blocks > build.grad_words:
+        return "grads"
+    if batch * widest_hidden > build.scratch_entries:
+        return "scratch"
+    needed = (1 << (batch + 1) // 2) - 1
+    if train and labels_written & needed != needed:
+        return "labels"
+    return None
 CONTROL_TRAIN = 1
 CONTROL_INFER = 2
 CONTROL_CLEAR_COUNTERS = 4

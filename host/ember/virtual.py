@@ -35,13 +35,16 @@ class VirtualEngine:
         self.labels = np.zeros(build.max_batch, dtype=np.int64)
         self.predictions = np.zeros(build.max_batch, dtype=np.int64)
         self.acts = np.zeros(build.act_bytes, dtype=np.int64)
-        # the registers as the gateware's register bank holds them (ember_hw.regbank): each
-        # setting and descriptor field Setting.bits wide, a left-out unit's settings constant
+        # the registers as the gateware's register bank holds them (ember_hw.regbank): a write
+        # outside a setting's or field's lo..hi is refused, a left-out unit's settings constant
         self.settings_table = build.settings()
         self.fields = build.descriptor_fields()
         self.regs = {name: s.init for name, s in self.settings_table.items()}
-        self.layer = [dict.fromkeys(spec.LAYER_FIELDS, 0) for _ in range(build.max_layers)]
+        self.layer = [{f: s.init for f, s in self.fields.items()}
+                      for _ in range(build.max_layers)]
         self.correct = 0
+        self.rejected = 0                   # REJECTED: 1 + the COMMAND_CHECKS index, or 0
+        self.labels_written = 0             # bit w: label word w written at this class count
         self.link_rx = self.link_tx = 0
         self.link_state = protocol.LinkState()
         self.ro = {"id": spec.ENGINE_ID, "version": spec.ENGINE_VERSION, "lanes": P,
@@ -60,7 +63,8 @@ class VirtualEngine:
             if off in self._by_offset:
                 name, mode = self._by_offset[off]
                 if mode == "ro":
-                    return {"status": 0, "correct": self.correct}.get(name, self.ro.get(name))
+                    return {"status": 0, "correct": self.correct,
+                            "rejected": self.rejected}.get(name, self.ro.get(name))
                 return 0 if mode == "wo" else self.regs[name]
             layer, field = self._layer_field(off)
             return self.layer[layer][field]
@@ -97,11 +101,20 @@ class VirtualEngine:
                 if mode == "wo":
                     return self._control(value)
                 setting = self.settings_table[name]
-                if setting.feature is None or setting.feature in self.build.features:
-                    self.regs[name] = value & ((1 << setting.bits) - 1)
+                if setting.feature is not None and setting.feature not in self.build.features:
+                    return                      # no register: answered and dropped
+                if not setting.contains(value):
+                    raise BusError("bad_value")
+                if name == "layers":
+                    self.labels_written = 0     # the class count may change
+                self.regs[name] = value
                 return
             layer, field = self._layer_field(off)
-            self.layer[layer][field] = value & ((1 << self.fields[field].bits) - 1)
+            if not self.fields[field].contains(value):
+                raise BusError("bad_value")
+            if field == "outputs" and layer == self.regs["layers"] - 1:
+                self.labels_written = 0
+            self.layer[layer][field] = value
             return
         if region == _REGION["counters"] and off < _COUNTERS_END:
             raise BusError("out_of_range")
@@ -123,7 +136,11 @@ class VirtualEngine:
         if region == _REGION["labels"]:
             if off >= (self.build.max_batch + 1) // 2:
                 raise BusError("out_of_range")
-            self.labels[2 * off], self.labels[2 * off + 1] = value & 0xFFFF, value >> 16
+            low, high = value & 0xFFFF, value >> 16
+            if max(low, high) >= self.classes():
+                raise BusError("bad_value")
+            self.labels[2 * off], self.labels[2 * off + 1] = low, high
+            self.labels_written |= 1 << off
             return
         if region == _REGION["predictions"]:
             raise BusError("out_of_range" if off >= (self.build.max_batch + 1) // 2
@@ -136,6 +153,12 @@ class VirtualEngine:
         if rel < 0 or layer >= self.build.max_layers or field >= len(spec.LAYER_FIELDS):
             raise BusError("out_of_range")
         return layer, spec.LAYER_FIELDS[field]
+
+    def classes(self):
+        """The class count labels are checked against: the last layer's outputs (0 while no
+        layer is configured)."""
+        n = self.regs["layers"]
+        return self.layer[n - 1]["outputs"] if n else 0
 
     def counters(self):
         c = dict(self.model.counters)
@@ -151,10 +174,19 @@ class VirtualEngine:
         return layers, desc
 
     def _control(self, value):
+        command = value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER)
+        if command:
+            # checked before anything happens: a refused command changes nothing (its
+            # counter clear included), as in the engine's register bank
+            failed = spec.check_command(self.build, self.regs, self.layer,
+                                        bool(value & spec.CONTROL_TRAIN), self.labels_written)
+            self.rejected = 0 if failed is None else 1 + list(spec.COMMAND_CHECKS).index(failed)
+            if failed is not None:
+                raise BusError("bad_value")
         if value & spec.CONTROL_CLEAR_COUNTERS:
             self.model.clear_counters()
             self.link_rx = self.link_tx = 0
-        if value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER):
+        if command:
             layers, desc = self._network()
             P = self.build.lanes
             self.model.configure(layers, [d["shift"] for d in desc])

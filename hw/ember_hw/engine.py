@@ -311,18 +311,25 @@ class EngineCore(wiring.Component):
                         m.d.comb += err("bad_value")      # activations are write-only
                 with m.Case(regions["labels"], regions["predictions"]):
                     idx = Cat(Const(0, 1), offset)
+                    m.d.comb += regs.label_word.eq(offset)
                     mem_rd = Mux(region == regions["labels"], l_rd.data, p_rd.data)
                     with m.If(offset >= (bld.max_batch + 1) // 2):
                         m.d.comb += err("out_of_range")
                     with m.Elif(busy):
                         m.d.comb += err("busy")
+                    with m.Elif(wr & (region == regions["labels"]) & ~bus_a_byte[0] &
+                                ((bus.w_data[:spec.LABEL_BITS] >= regs.classes) |
+                                 (bus.w_data[spec.LABEL_BITS:] >= regs.classes))):
+                        # both labels are checked against the class count before either is
+                        # written: a word with a label out of range changes nothing
+                        m.d.comb += err("bad_value")
                     with m.Elif(wr & (region == regions["labels"])):
                         m.d.comb += [l_wr.addr.eq(idx | bus_a_byte[0]), l_wr.en.eq(1),
                                      l_wr.data.eq(bus.w_data.word_select(bus_a_byte[0],
                                                                          spec.LABEL_BITS))]
                         m.d.sync += bus_a_byte.eq(Mux(bus_a_byte[0], 0, 1))
                         with m.If(bus_a_byte[0]):
-                            m.d.comb += ack()
+                            m.d.comb += ack() + [regs.label_written.eq(1)]
                     with m.Elif(wr):
                         m.d.comb += err("bad_value")
                     with m.Else():

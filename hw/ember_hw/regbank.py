@@ -9,18 +9,26 @@ What it holds, at the word offsets of ``spec.REGISTERS`` and ``spec.LAYER_BASE``
 
 - the read-only values that describe the build (id, version, lanes, memory sizes, limits,
   counter count, FEATURES), and STATUS (``busy``) and CORRECT (``correct``) from the sequencer;
-- one register per read-write setting, ``Setting.bits`` wide: a write keeps the low bits of
-  the bus word. A setting of an optional unit the build leaves out has no register: it reads
-  as its ``init`` and a write is answered and dropped (the host writes every setting with
-  each batch, whatever the build). Settings are written only while no command runs
-  (``busy`` answer otherwise);
+- one register per read-write setting, ``Setting.bits`` wide. A write of a value outside the
+  setting's lo..hi is answered ``bad_value`` and changes nothing (issue 15: never truncated).
+  A setting of an optional unit the build leaves out has no register: it reads as its
+  ``init`` and a write is answered and dropped (the host writes every setting with each
+  batch, whatever the build). Settings are written only while no command runs (``busy``
+  answer otherwise);
 - the layer descriptors: field f of layer l in word ``l * LAYER_STRIDE + f`` of a small
-  memory, at the field's width (the low bits of the bus word). A read takes a cycle and
-  waits while the sequencer loads a descriptor (``desc_loading``: it owns the read port
-  then). Layer 0's input count is also kept in a register, ``inputs0``;
-- CONTROL: a write registers ``start_train``, ``start_infer`` and ``clear_counters`` for
-  one cycle. A train or infer command is answered when it has finished (``busy`` low again),
-  so the host never polls and every backend sees the same link traffic;
+  memory, range-checked like the settings, each field starting at its ``init`` (1 input, 1
+  output). A read takes a cycle and waits while the sequencer loads a descriptor
+  (``desc_loading``: it owns the read port then). Layer 0's input count is also kept in a
+  register, ``inputs0``, and every layer's output count in one, for ``classes``;
+- CONTROL: a train or infer command is first checked (``StepCheck``, or ``CountCheck`` on a
+  build without the command_check unit; docs/protocol.md section 8): refused with
+  ``bad_value`` (REJECTED names the check), or the write registers ``start_train``,
+  ``start_infer`` and ``clear_counters`` for one cycle. A command is answered when it has
+  finished (``busy`` low again), so the host never polls and every backend sees the same
+  link traffic;
+- labels: ``classes`` (the last layer's outputs) for the engine's check of arriving labels,
+  and which label words (``label_written``, ``label_word``) have been written since it last
+  changed, for the command check;
 - the "counters" window (``spec.ADDRESS_MAP["counters"]``, inside the same bus region): two
   words per counter, read through ``CounterFile``'s read port.
 
@@ -42,14 +50,18 @@ before it reaches the bus, see EngineCore):
   desc_data:      Out -- the word, the cycle after.
   counter_req, counter_index: Out -- a counter read (hold until counter_valid);
   counter_valid, counter_data: In.
+  classes:        Out -- the class count labels are checked against (0 with no layers).
+  label_written, label_word: In -- the engine wrote label word label_word this cycle.
 """
 
-from amaranth import Array, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ember import spec
+
+from .stepcheck import CountCheck, StepCheck
 
 #: Word offset bits of the register file inside the "regs" region (and of the counters window,
 #: the next 2**REG_OFFSET_BITS words).
@@ -85,6 +97,7 @@ class RegisterBank(wiring.Component):
         self.fields = build.descriptor_fields()
         self.desc_depth = (build.max_layers + 1) * spec.LAYER_STRIDE
         self.desc_bits = max(f.bits for f in self.fields.values())
+        self.label_words = (build.max_batch + 1) // 2
         settings = wiring.Signature({name: Out(s.bits, init=s.init)
                                      for name, s in self.settings_table.items()})
         super().__init__({
@@ -96,7 +109,7 @@ class RegisterBank(wiring.Component):
             "err": Out(1),
             "data": Out(spec.BUS_DATA_BITS),
             "settings": Out(settings),
-            "inputs0": Out(self.fields["inputs"].bits),
+            "inputs0": Out(self.fields["inputs"].bits, init=self.fields["inputs"].init),
             "limit_changed": Out(1),
             "busy": In(1),
             "correct": In(self.settings_table["batch"].bits),
@@ -110,6 +123,9 @@ class RegisterBank(wiring.Component):
             "counter_index": Out(range(len(spec.COUNTERS))),
             "counter_valid": In(1),
             "counter_data": In(spec.COUNTER_BITS),
+            "classes": Out(self.fields["outputs"].bits),
+            "label_written": In(1),
+            "label_word": In(range(self.label_words)),
         })
 
     def has_register(self, name):
@@ -142,40 +158,118 @@ class RegisterBank(wiring.Component):
                 m.d.comb += port.eq(regs[name])
             else:
                 m.d.comb += port.eq(s.init)
-        inputs0 = Signal.like(self.inputs0)
+        inputs0 = Signal(len(self.inputs0), init=self.fields["inputs"].init)
         m.d.comb += self.inputs0.eq(inputs0)
 
+        # the command check (below, CONTROL) reads the descriptors before a command starts
+        # (a build without the command_check unit checks only that a network and a batch are
+        # configured, so that no command can hang)
+        unit = StepCheck if "command_check" in self.build.features else CountCheck
+        m.submodules.check = check = unit(self.build, self.desc_depth, self.desc_bits)
+
         # the descriptor memory: the bus writes it, the bus and the sequencer read it
-        m.submodules.dmem = dmem = Memory(shape=self.desc_bits, depth=self.desc_depth, init=[])
+        # (at reset each field holds its Setting.init: 1 input and 1 output, the smallest legal
+        # layer, so no descriptor ever holds a width of 0)
+        field_init = [self.fields[f].init for f in spec.LAYER_FIELDS]
+        field_init += [0] * (spec.LAYER_STRIDE - len(field_init))
+        m.submodules.dmem = dmem = Memory(shape=self.desc_bits, depth=self.desc_depth,
+                                          init=field_init * (self.build.max_layers + 1))
         d_rd, d_wr = dmem.read_port(), dmem.write_port()
-        d_field = reg_off[:(spec.LAYER_STRIDE - 1).bit_length()]
-        d_mask = Array(Const((1 << self.fields[f].bits) - 1, self.desc_bits)
-                       for f in spec.LAYER_FIELDS)[d_field]
-        m.d.comb += [d_wr.addr.eq(reg_off - spec.LAYER_BASE), d_wr.data.eq(self.w_data & d_mask),
+        # (a field takes only values in its range, so the word fits the memory's width)
+        m.d.comb += [d_wr.addr.eq(reg_off - spec.LAYER_BASE), d_wr.data.eq(self.w_data),
                      d_rd.addr.eq(Mux(self.desc_loading, self.desc_addr,
-                                      reg_off - spec.LAYER_BASE)),
+                                      Mux(check.busy, check.desc_addr,
+                                          reg_off - spec.LAYER_BASE))),
                      self.desc_data.eq(d_rd.data)]
         desc_phase = Signal()               # a descriptor read: address, then data
 
-        # CONTROL: registered strobes; cmd_pending until the command's answer
+        # the class count (the last layer's outputs) that labels are checked against as they
+        # arrive, from a copy of every layer's output count; and which label words have been
+        # written since it last changed (a command checks the batch's are all there)
+        outputs = [Signal(self.fields["outputs"].bits, name=f"outputs{l}",
+                          init=self.fields["outputs"].init)
+                   for l in range(self.build.max_layers)]
+        layers = self.settings.layers
+        m.d.comb += self.classes.eq(Mux(layers == 0, 0, Array(outputs)[layers - 1]))
+        labels_written = Signal(self.label_words)
+        classes_change = Signal()
+        with m.If(classes_change):
+            m.d.sync += labels_written.eq(0)
+        with m.Elif(self.label_written):
+            m.d.sync += labels_written.bit_select(self.label_word, 1).eq(1)
+        label_words_needed = (self.settings.batch + 1) >> 1
+        labels_ok = Signal()
+        m.d.comb += labels_ok.eq(Cat(labels_written[w] | (w >= label_words_needed)
+                                     for w in range(self.label_words)).all())
+
+        # range checks of written words: "the bits from b up are zero" for each register
+        # width b, as one chain from the widest down (a few LUTs, not a 32-bit comparator
+        # per register), then a compare of the low b bits where lo..hi is not 0..2**b - 1
+        widths = sorted({t.bits for t in (*self.settings_table.values(),
+                                          *self.fields.values())}, reverse=True)
+        zero_from = {}
+        above = Const(1)
+        top = spec.BUS_DATA_BITS
+        for b in widths:
+            zero_from[b] = Signal(name=f"zero_from_{b}")
+            m.d.comb += zero_from[b].eq(above & (self.w_data[b:top] == 0))
+            above, top = zero_from[b], b
+
+        def in_range(t):
+            ok = zero_from[t.bits]
+            low = self.w_data[:t.bits]
+            if t.hi != (1 << t.bits) - 1:
+                ok = ok & (low <= t.hi)
+            if t.lo == 1:
+                ok = ok & (low != 0)
+            elif t.lo != 0:
+                ok = ok & (low >= t.lo)
+            return ok
+
+        # CONTROL: a train or infer command is checked first (StepCheck); then registered
+        # strobes, and cmd_pending until the command's answer. REJECTED: the last verdict
+        checking = Signal()
+        rejected = Signal.like(check.failed)
+        m.d.comb += [check.train.eq(self.w_data[0]), check.batch.eq(self.settings.batch),
+                     check.layers.eq(layers), check.labels_ok.eq(labels_ok),
+                     check.desc_data.eq(d_rd.data)]
         cmd_pending = Signal()
         m.d.sync += [self.start_train.eq(0), self.start_infer.eq(0), self.clear_counters.eq(0)]
 
         def setting(name):
-            """A read-write setting: written only while no command runs."""
+            """A read-write setting: written only while no command runs, and only with a
+            value in its range."""
+            s = self.settings_table[name]
             with m.If(write):
                 with m.If(self.busy):
                     m.d.comb += err("busy")
+                if name in regs:
+                    with m.Elif(~in_range(s)):
+                        m.d.comb += err("bad_value")
                 with m.Else():
                     if name in regs:
                         m.d.sync += regs[name].eq(self.w_data)
                     if name == "batch":
                         m.d.comb += self.limit_changed.eq(1)
+                    if name == "layers":
+                        m.d.comb += classes_change.eq(1)
                     m.d.comb += ack()
             with m.Else():
                 m.d.comb += ack(getattr(self.settings, name))
 
+        def verdict():
+            """The check's verdict: refuse, or start the command."""
+            m.d.sync += [checking.eq(0), rejected.eq(check.failed)]
+            with m.If(check.failed != 0):
+                m.d.comb += err("bad_value")
+            with m.Else():
+                m.d.sync += [self.start_train.eq(self.w_data[0]),
+                             self.start_infer.eq(self.w_data[1]),
+                             self.clear_counters.eq(self.w_data[2]),
+                             cmd_pending.eq(1)]
+
         def control():
+            command = self.w_data[:2] != 0
             with m.If(write):
                 with m.If(cmd_pending):
                     with m.If(~self.busy & ~self.start_train & ~self.start_infer):
@@ -183,14 +277,18 @@ class RegisterBank(wiring.Component):
                         m.d.sync += cmd_pending.eq(0)
                 with m.Elif(self.busy):
                     m.d.comb += err("busy")
-                with m.Else():
-                    m.d.sync += [self.start_train.eq(self.w_data[0]),
-                                 self.start_infer.eq(self.w_data[1]),
-                                 self.clear_counters.eq(self.w_data[2])]
-                    with m.If(self.w_data[:2] != 0):
-                        m.d.sync += cmd_pending.eq(1)
+                with m.Elif(checking):
+                    with m.If(check.done):
+                        verdict()
+                with m.Elif(command):
+                    m.d.comb += check.start.eq(1)
+                    with m.If(check.done):      # decided at once (no layers or no batch)
+                        verdict()
                     with m.Else():
-                        m.d.comb += ack()
+                        m.d.sync += checking.eq(1)
+                with m.Else():
+                    m.d.sync += self.clear_counters.eq(self.w_data[2])
+                    m.d.comb += ack()
             with m.Else():
                 m.d.comb += ack(0)
 
@@ -200,11 +298,17 @@ class RegisterBank(wiring.Component):
             with m.If(write):
                 with m.If(self.busy):
                     m.d.comb += err("busy")
+                with m.Elif(~in_range(self.fields[fname])):
+                    m.d.comb += err("bad_value")
                 with m.Else():
                     m.d.comb += [d_wr.en.eq(1), ack()]
                     if (layer, fname) == (0, "inputs"):
                         m.d.sync += inputs0.eq(self.w_data)
                         m.d.comb += self.limit_changed.eq(1)
+                    if fname == "outputs":
+                        m.d.sync += outputs[layer].eq(self.w_data)
+                        with m.If(layers == layer + 1):
+                            m.d.comb += classes_change.eq(1)
             with m.Else():
                 with m.If(~desc_phase):
                     with m.If(~self.desc_loading):
@@ -220,8 +324,8 @@ class RegisterBank(wiring.Component):
                     for name, (off, mode) in spec.REGISTERS.items():
                         with m.Case(off):
                             if mode == "ro":
-                                value = {"status": self.busy, "correct": self.correct}.get(
-                                    name, ro_values.get(name))
+                                value = {"status": self.busy, "correct": self.correct,
+                                         "rejected": rejected}.get(name, ro_values.get(name))
                                 m.d.comb += ack(value)
                             elif mode == "wo":
                                 control()
