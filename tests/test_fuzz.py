@@ -245,6 +245,61 @@ def test_fuzzer_finds_a_model_that_executes_bad_escapes(monkeypatch):
     assert report["corruptions"] > 0 and report["exceptions"] == 0
 
 
+class _ScriptedPort:
+    """A port that answers with scripted bytes, a few at a time, on a clock of its reads."""
+
+    def __init__(self, answer):
+        self.answer, self.reads = bytearray(answer), 0
+
+    def write(self, data):
+        pass
+
+    @property
+    def in_waiting(self):
+        return min(3, len(self.answer))
+
+    def read(self, n):
+        self.reads += 1
+        out = bytes(self.answer[:n])
+        del self.answer[:n]
+        return out
+
+
+class _ReadClock:
+    def __init__(self, port):
+        self.port = port
+
+    def restart(self):
+        pass
+
+    def __call__(self):
+        return self.port.reads * 1e-5
+
+
+def _scripted_board(answer):
+    from types import SimpleNamespace
+    board = fuzz.BoardTarget.__new__(fuzz.BoardTarget)
+    port = _ScriptedPort(answer)
+    board.dev = SimpleNamespace(link=SimpleNamespace(port=port, clock=_ReadClock(port)))
+    return board
+
+
+def test_board_exchange_waits_for_every_frame_of_the_unit():
+    """An answer inside a unit that equals the probe's does not close the unit early (a fuzz
+    run once saw a READ of id with the probe's seq split one unit's answer over two)."""
+    _, closing = fuzz.probe(0x5A)
+    ok_write = slip_encode(seal(bytes([STATUS["ok"], 0x5A])))
+    answer = ok_write + closing + ok_write + closing
+    got, hung = _scripted_board(answer).exchange(b"", closing, frames=4)
+    assert (got, hung) == (answer, False)
+    # fewer frames than the model's but the probe answered: not a hang (the answers differ)
+    got, hung = _scripted_board(ok_write + closing).exchange(b"", closing, frames=3)
+    assert (got, hung) == (ok_write + closing, False)
+    # no probe answer within the bound: a hang
+    got, hung = _scripted_board(ok_write).exchange(b"", closing, frames=2, bound_s=1e-3)
+    assert (got, hung) == (ok_write, True)
+
+
 # --- The model against the simulated board -------------------------------------------------------
 #: Fuzz frames per simulator: both well under a minute on a loaded 2-core machine once the
 #: board is built (the tiny build, which tests/test_system_rtl.py builds too).

@@ -267,10 +267,14 @@ def _out_of_range_targets(build):
 def _read_only_out_of_range(rng, regs):
     targets = _out_of_range_targets(regs.build)
     seq = rng.randrange(256)
-    kind = rng.choice(["ro_write"] * 3 + sorted(targets))
+    kind = rng.choice(["ro_write"] * 3 + ["control_other_bits"] + sorted(targets))
     if kind == "ro_write":                      # acknowledged and ignored
         addr = rng.choice(regs.read_only)
         return slip_encode(_request(WRITE, seq, addr, 1, [rng.getrandbits(32)]))
+    if kind == "control_other_bits":            # CONTROL without a command or clear bit
+        command_bits = spec.CONTROL_TRAIN | spec.CONTROL_INFER | spec.CONTROL_CLEAR_COUNTERS
+        value = rng.getrandbits(32) & ~command_bits
+        return slip_encode(_request(WRITE, seq, regmap.reg("control"), 1, [value]))
     addr = rng.choice(targets[kind])
     count = rng.choice([1, 1, 2, 3])
     # an in-range write of the activations would change them: only reads there (bad_value);
@@ -392,17 +396,23 @@ class BoardTarget:
         self.dev = open_sim(build, simulator)
         self.dev.link.clock.stall_s = STALL_S
 
-    def exchange(self, data, closing, bound_s=HANG_BOUND_S):
-        """Write `data`; read until the answer ends with `closing` or `bound_s` simulated
-        seconds pass (then hung). Returns (answer bytes, hung)."""
+    def exchange(self, data, closing, frames=1, bound_s=HANG_BOUND_S):
+        """Write `data`; read until the answer holds at least `frames` response frames and
+        ends with `closing`, or until `bound_s` simulated seconds have passed. Returns
+        (answer bytes, hung): hung if the answer does not end with `closing` by then.
+
+        `frames` (the model's count) keeps an answer inside the unit that happens to equal
+        the probe's from closing it early; an answer of fewer frames than the model's but
+        with the probe's at its end waits for the bound, then counts as answered."""
         port, clock = self.dev.link.port, self.dev.link.clock
         clock.restart()
         port.write(data)
         deadline = clock() + bound_s
         answer = bytearray()
-        while not answer.endswith(closing):
+        # every response frame is END payload END, and no payload holds an END
+        while not (answer.endswith(closing) and answer.count(END) >= 2 * frames):
             if clock() >= deadline:
-                return bytes(answer), True
+                return bytes(answer), not answer.endswith(closing)
             answer += port.read(max(1, port.in_waiting))
         return bytes(answer), False
 
@@ -584,8 +594,9 @@ class Fuzzer:
                      "exception": f"{type(error).__name__}: {error}"})
             self.model.dev.link.port.reset_input_buffer()
             model_answer, model_hung = b"", True
-        board_answer, board_hung = (self.board.exchange(data, closing) if self.board
-                                    else (None, False))
+        board_answer, board_hung = (self.board.exchange(data, closing,
+                                                        model_answer.count(END) // 2)
+                                    if self.board else (None, False))
         for name, payload in _answer_payloads(model_answer):
             statuses = report["statuses_per_class"][cls]
             statuses[name] = statuses.get(name, 0) + 1
