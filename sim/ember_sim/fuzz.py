@@ -250,8 +250,9 @@ def _out_of_range_targets(build):
         "unmapped_reg": unmapped_regs + [regs_end - 1],
         "past_counters": [counters_base + 2 * len(spec.COUNTERS) + i for i in range(3)],
         # reads stay below the cycle counters, which only a board counts (the model's are 0)
+        # (the link byte counters included: the model counts every wire byte as the bridge)
         "counters": [counters_base + i for i in range(0, 2 * spec.COUNTERS.index(
-            spec.CYCLE_COUNTERS[0]) - 2, 5)],
+            spec.CYCLE_COUNTERS[0]) - 2, 5)] + [regmap.counter("link_rx_bytes")] * 4,
         "cycle_counters": [regmap.counter(name) for name in spec.CYCLE_COUNTERS],
         "past_weights": [regmap.region("weights") + build.weight_words * build.lanes // 2 + i
                          for i in range(2)],
