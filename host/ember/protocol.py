@@ -7,8 +7,8 @@ every request frame is answered by exactly one response frame.
 
 - ``crc16``, ``slip_encode``, ``SlipDecoder``: the framing layer.
 - ``encode_request`` / ``decode_response``: the payload layer (host view).
-- ``execute_request`` / ``LinkState``: the bridge's side in Python, for model backends and as
-  the gateware's reference.
+- ``FrameReceiver``, ``execute_request`` / ``LinkState``: the bridge's side in Python, for
+  model backends and as the gateware's reference.
 - ``Link``: word reads and writes over any pyserial-like port, with sequence numbers, retries
   of lost or garbled frames and duplicate suppression for writes.
 
@@ -141,6 +141,68 @@ class SlipDecoder:
         return payloads
 
 
+@dataclass
+class ReceivedFrame:
+    """One frame as the link bridge's receiver delimits it (see FrameReceiver).
+
+    payload:    its bytes after unescaping, the CRC field included; a frame longer than the
+                longest request keeps only its first MAX_REQUEST_BYTES + 1 bytes (enough to
+                know that it is too long, and its seq).
+    bad_escape: an ESC in it was followed by neither ESC_END nor ESC_ESC.
+    """
+    payload: bytes
+    bad_escape: bool = False
+
+
+class FrameReceiver:
+    """The link bridge's receiver (``LinkBridge``'s RECEIVE state) in Python: the device side
+    of the framing, for model backends.
+
+    ``feed(data)`` returns the ReceivedFrames that `data` completed. It differs from the host's
+    SlipDecoder where the bridge does: a frame too long for any request is still a frame (the
+    bridge answers it ``bad_length``, not silence), and a bad escape is remembered with the
+    frame (the bridge answers ``bad_crc`` even when the CRC, computed over the byte kept as it
+    is, matches). As in the bridge, a frame is empty (and gets no answer) when it delivered no
+    byte: END END, or END ESC END.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        """Forget any partial frame, as the bridge does after it has answered one."""
+        self._frame = bytearray()
+        self._received = 0              # bytes delivered, kept or not
+        self._escaped = False
+        self._bad_escape = False
+
+    def feed(self, data):
+        """Delimit and unescape `data`; return the list of frames it completed, in order."""
+        frames = []
+        keep = MAX_REQUEST_BYTES + 1
+        for byte in bytes(data):
+            if byte == END:
+                if self._received:
+                    frames.append(ReceivedFrame(bytes(self._frame), self._bad_escape))
+                self.reset()
+                continue
+            if self._escaped:
+                self._escaped = False
+                if byte == ESC_END:
+                    byte = END
+                elif byte == ESC_ESC:
+                    byte = ESC
+                else:
+                    self._bad_escape = True     # the byte itself is kept, as in the bridge
+            elif byte == ESC:
+                self._escaped = True
+                continue
+            self._received += 1
+            if len(self._frame) < keep:
+                self._frame.append(byte)
+        return frames
+
+
 # --- Requests and responses ----------------------------------------------------------------------
 def _command_code(cmd):
     if isinstance(cmd, str):
@@ -253,13 +315,15 @@ def _error_response(status, seq, addr=0):
     return seal(bytes([code, seq]) + addr.to_bytes(ADDR_BYTES, "little"))
 
 
-def execute_request(payload, bus, state):
+def execute_request(payload, bus, state, bad_escape=False):
     """LinkBridge's handling of one request, in Python: the response payload (CRC included).
 
-    payload: one request payload as unframed by SlipDecoder (CRC included).
-    bus:     has ``read(addr) -> int`` and ``write(addr, value)``; a bus error is an exception
-             with a ``status`` attribute (a LINK_STATUS name or code).
-    state:   a LinkState, updated by the duplicate rule.
+    payload:    one request payload as FrameReceiver delimits it (CRC included; any length).
+    bus:        has ``read(addr) -> int`` and ``write(addr, value)``; a bus error is an
+                exception with a ``status`` attribute (a LINK_STATUS name or code).
+    state:      a LinkState, updated by the duplicate rule.
+    bad_escape: the frame held a bad escape (ReceivedFrame.bad_escape): answered ``bad_crc``
+                if its length is right, whatever its CRC.
 
     Checks and effects follow docs/protocol.md exactly, in the gateware's order, so a model
     backend answers every frame, damaged ones included, byte for byte like the engine.
@@ -279,7 +343,8 @@ def execute_request(payload, bus, state):
         if not 1 <= count <= spec.LINK_MAX_WORDS or \
                 len(data) != (WORD_BYTES * count if is_write else 0):
             return _error_response("bad_length", seq)
-    if crc16(payload[:-CRC_BYTES]) != int.from_bytes(payload[-CRC_BYTES:], "little"):
+    if bad_escape or \
+            crc16(payload[:-CRC_BYTES]) != int.from_bytes(payload[-CRC_BYTES:], "little"):
         return _error_response("bad_crc", seq)
     if cmd not in spec.LINK_COMMANDS.values():
         return _error_response("unknown_command", seq)

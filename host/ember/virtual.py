@@ -222,9 +222,10 @@ class VirtualEngine:
                             lfsr_seed=r["lfsr_seed"], **flags)
 
     # ---- link frames (LinkBridge semantics, docs/protocol.md)
-    def handle_frame(self, payload):
-        """One request payload (unframed, CRC included) -> the response payload."""
-        return protocol.execute_request(payload, self, self.link_state)
+    def handle_frame(self, payload, bad_escape=False):
+        """One request payload (unframed, CRC included) -> the response payload; `bad_escape`:
+        the frame held a bad escape (protocol.ReceivedFrame)."""
+        return protocol.execute_request(payload, self, self.link_state, bad_escape)
 
 
 def _s16(v):
@@ -234,12 +235,19 @@ def _s16(v):
 
 class VirtualPort:
     """A pyserial-like port whose other end is a VirtualEngine: bytes written are framed,
-    executed and answered at once; the answer waits to be read. Link bytes are counted the
-    way LinkBridge counts them (every wire byte, at the moment it crosses)."""
+    executed and answered at once; the answer waits to be read. Frames are delimited, checked
+    and answered as LinkBridge does (protocol.FrameReceiver, protocol.execute_request): every
+    non-empty frame gets exactly one response, an overlong or badly escaped one included.
+    Link bytes are counted the way LinkBridge counts them (every wire byte, at the moment it
+    crosses).
+
+    Bytes are taken as the simulated board's byte port takes them: all of them, in order, each
+    frame's after the previous frame's answer. (A board's UART drops the bytes that arrive
+    while the bridge checks, executes or answers a frame; the host never sends any then.)"""
 
     def __init__(self, engine):
         self.engine = engine
-        self._decoder = protocol.SlipDecoder()
+        self._receiver = protocol.FrameReceiver()
         self._out = bytearray()
         self.timeout = 0
         self.baudrate = spec.DEFAULT_BAUD
@@ -253,8 +261,9 @@ class VirtualPort:
             stop = len(data) if end < 0 else end + 1
             chunk = data[start:stop]
             self.engine.link_rx += len(chunk)
-            for payload in self._decoder.feed(chunk):
-                response = protocol.slip_encode(self.engine.handle_frame(payload))
+            for frame in self._receiver.feed(chunk):
+                response = protocol.slip_encode(
+                    self.engine.handle_frame(frame.payload, frame.bad_escape))
                 self.engine.link_tx += len(response)
                 self._out += response
             start = stop
