@@ -106,8 +106,6 @@ def test_receiver_holds_a_bounded_frame():
     assert frame.payload[1] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 item 1: VirtualEngine._control raises for "
-                   "values outside the build's limits (the lead's validation work)")
 def test_model_port_never_raises_for_a_command_after_any_setting():
     """A CONTROL train or infer after a valid-CRC write of any value to any setting or
     descriptor field is answered (ok or a status), never an exception out of the port."""

@@ -42,7 +42,7 @@ import numpy as np
 
 from ember import golden, protocol, regmap, spec
 from ember.protocol import END, ESC, ESC_END, ESC_ESC, seal, slip_encode
-from ember.spec import StepSettings
+from ember.spec import ConfigError, StepSettings
 
 #: Simulated seconds a unit's probe answer may take before the unit counts as a hang: a unit
 #: is at most a few thousand bytes, some ten thousand cycles; no command runs in one.
@@ -313,6 +313,44 @@ def _register_values(rng, regs):
             + slip_encode(_request(WRITE, seq + 2, addr, 1, [regs.values[addr]])))
 
 
+def _hostile_commands(rng, regs):
+    """A valid-CRC write of a random value to a setting or descriptor field, then (if the
+    engine's command check will refuse it: spec.check_command on the registers as they will
+    be) a CONTROL train or infer, a read of REJECTED, and the old value written back. A
+    command that passed would train or infer: the unit leaves those out, so that it leaves the
+    state as it found it. (Needs a build with the command_check unit.)"""
+    table = regs.build.settings()
+    fields = regs.build.descriptor_fields()
+    names = {regmap.reg(n): n for n, (_, mode) in spec.REGISTERS.items() if mode == "rw"}
+    for _ in range(20):
+        addr = rng.choice(regs.writable)
+        if addr in names:
+            setting = table[names[addr]]
+            if setting.feature is not None and setting.feature not in regs.build.features:
+                continue                        # no register: the write is dropped
+        else:
+            setting = fields[spec.LAYER_FIELDS[(addr - spec.LAYER_BASE) % spec.LAYER_STRIDE]]
+        value = _edge_value(rng, setting)
+        after = dict(regs.values)
+        if setting.contains(value):
+            after[addr] = value
+        settings = {n: after[a] for a, n in names.items()}
+        layers = [{f: after[regmap.layer_field(l, f)] for f in spec.LAYER_FIELDS}
+                  for l in range(regs.build.max_layers)]
+        command = rng.choice([spec.CONTROL_TRAIN, spec.CONTROL_INFER])
+        # labels_written all ones: a refusal for anything before "labels" in the order
+        failed = spec.check_command(regs.build, settings, layers, True, (1 << 64) - 1)
+        if failed is not None:
+            break
+    else:
+        return _register_values(rng, regs)
+    seq = rng.randrange(256)
+    return (slip_encode(_request(WRITE, seq, addr, 1, [value]))
+            + slip_encode(_request(WRITE, seq + 1, regmap.reg("control"), 1, [command]))
+            + slip_encode(_request(READ, seq + 2, regmap.reg("rejected"), 1))
+            + slip_encode(_request(WRITE, seq + 3, addr, 1, [regs.values[addr]])))
+
+
 def _empty_and_short(rng, regs):
     parts = []
     for _ in range(rng.randrange(1, 4)):
@@ -350,6 +388,7 @@ CLASSES = {
     "duplicates": _duplicates,
     "read_only_out_of_range": _read_only_out_of_range,
     "register_values": _register_values,
+    "hostile_commands": _hostile_commands,
     "empty_and_short_frames": _empty_and_short,
     "trailing_bytes": _trailing_bytes,
     "line_noise": _line_noise,
@@ -448,6 +487,9 @@ def read_state(dev, build):
     regs = {}
     for run in _runs(Registers.addresses(build)):
         regs.update(zip(run, link.read_words(run[0], len(run))))
+    # REJECTED names the check that refused the last command (hostile_commands changes it on
+    # purpose; its value is compared in those units' answers)
+    regs.pop(regmap.reg("rejected"))
     words = link.read_words(regmap.region("counters"), 2 * len(spec.EXACT_COUNTERS))
     counters = {name: words[2 * i] | words[2 * i + 1] << 32
                 for i, name in enumerate(spec.EXACT_COUNTERS) if name in STATE_COUNTERS}
@@ -543,7 +585,15 @@ class Fuzzer:
                                 zero_skip=bool(self.np_rng.integers(2)))
         results = []
         for target in [self.clean] + self.fuzzed:
-            correct = target.dev.train_batch(x, y, settings)
+            try:
+                correct = target.dev.train_batch(x, y, settings)
+            except (ConfigError, protocol.LinkError) as error:
+                if target is self.clean:
+                    raise
+                # a device whose configuration fuzz frames changed may refuse the step
+                self._corruption(f"{target.name}: refused a clean training step after "
+                                 f"fuzzing ({error})")
+                continue
             results.append((target.name, correct, target.dev.read_weights()))
         self.report["training_steps"] += 1
         _, want_correct, want_weights = results[0]
