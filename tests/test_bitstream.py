@@ -77,3 +77,24 @@ def test_icebreaker_bitstream_fits_and_meets_timing(monkeypatch):
     assert bitstream.stat().st_size > 100_000          # an iCE40UP5K bitstream (104,090 bytes)
     on_disk = json.loads((ROOT / out / "report.json").read_text())
     assert on_disk["fmax_mhz"] == report["fmax_mhz"]
+
+
+@pytest.mark.bitstream
+def test_a_build_past_its_time_limit_is_stopped(monkeypatch):
+    """nextpnr's router does not give up on a design it cannot route: the build stops its
+    tools (every process the script started) at the time limit and says so."""
+    import os
+    monkeypatch.chdir(ROOT)
+    out = Path("build") / "test-time-limit"
+    report, problems = board_build.build("icebreaker", out, time_limit_s=2)
+    assert report["stage"] == "synthesis" and report["bitstream"] is None
+    assert any("stopped after 2 s" in p for p in problems), problems
+    here = (ROOT / out).resolve()
+    left = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and Path(f"/proc/{pid}/cwd").resolve() == here:
+                left.append(pid)
+        except OSError:
+            pass
+    assert left == [], f"processes still running in {out}: {left}"

