@@ -137,6 +137,11 @@ def test_bank_answers_like_the_model(build):
 def test_widths_follow_the_build():
     """Each setting's register is as wide as its largest legal value needs (spec's table)."""
     dut = RegisterBank(SMALL)
+
+    async def one_cycle(ctx):               # elaborated: the ports below are a real bank's
+        await ctx.tick()
+
+    run(dut, one_cycle)
     table = SMALL.settings()
     assert len(dut.settings.batch) == (SMALL.max_batch).bit_length() == table["batch"].bits
     assert len(dut.settings.update_mask) == SMALL.max_layers
