@@ -241,6 +241,14 @@ def _run_script(build_dir, script, limit_s):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.wait()
+        # a killed tool takes a moment to go: return only once the whole group has gone
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
         raise
     if code:
         raise subprocess.CalledProcessError(code, script)
