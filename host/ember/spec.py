@@ -234,6 +234,10 @@ class Build:
     def blocks(self, width):
         return -(-width // self.lanes)
 
+    def max_command_cycles(self):
+        """PLACEHOLDER until command_cycle_bound lands (branch cycle-bound)."""
+        return (1 << 32) - 1
+
     def settings(self):
         """The read-write registers (REGISTERS' "rw" entries, in that order) as Settings: the
         one table of their widths and legal ranges on this build."""
@@ -247,6 +251,7 @@ class Build:
             Setting("psg_step_shift", 0, WEIGHT_BITS - 2, feature="psg"),
             Setting("keep_q8", 1, KEEP_ONE, init=KEEP_ONE, feature="ssprop"),
             Setting("lfsr_seed", 1, (1 << 16) - 1, init=1, feature="ssprop_random"),
+            Setting("watchdog", 1, self.max_command_cycles(), init=self.max_command_cycles()),
         )
         return {s.name: s for s in table}
 
@@ -442,6 +447,8 @@ LINK_STATUS = {
     "busy": 0x05,
     "bad_value": 0x06,
     "duplicate": 0x07,
+    "aborted": 0x08,
+    "watchdog": 0x09,
 }
 #: Labels (in) and predictions (out) are 16-bit values, two per bus word.
 LABEL_BITS = 16
@@ -491,14 +498,17 @@ REGISTERS = {
     "psg_step_shift": (0x1E, "rw"),
     "keep_q8": (0x1F, "rw"),
     "lfsr_seed": (0x20, "rw"),
+    "watchdog": (0x21, "rw"),      # the cycles one command may run (Setting "watchdog")
     "rejected": (0x13, "ro"),      # 1 + the COMMAND_CHECKS index the last command failed; 0
+    "stopped": (0x14, "ro"),       # what the last command left if it was stopped: STOP_FIELDS
 }
 #: Layer descriptor l lives at LAYER_BASE + l * LAYER_STRIDE + field offset.
 LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 3              # 3: writes and commands checked in the engine (bad_value)
+ENGINE_VERSION = 4              # 3: writes and commands checked in the engine (bad_value);
+                                # 4: abort, watchdog, the link answers while a command runs
 
 #: The checks a train or infer command passes before it starts, in the order the engine makes
 #: them (ember_hw.stepcheck.StepCheck; the model: check_command). "layers" and "batch" first;
@@ -562,6 +572,23 @@ def check_command(build, regs, layer_fields, train, labels_written):
 CONTROL_TRAIN = 1
 CONTROL_INFER = 2
 CONTROL_CLEAR_COUNTERS = 4
+#: Stop the running command (docs/protocol.md section 10). Answered at once, even while a
+#: command runs; the command's own answer then says whether it stopped (`aborted`) or had
+#: already written weights and ran to its end (`ok`). While no command runs it does nothing.
+#: A CONTROL word with this bit is an abort, whatever its other bits.
+CONTROL_ABORT = 8
+#: The STOPPED register (read only): name -> (lowest bit, bits). All 0 after a command that ran
+#: to its end. stopped: the last command did not; watchdog: the watchdog stopped it (it had
+#: run `watchdog` cycles), else an abort did; weights_changed: it had written weights when it
+#: stopped (only a watchdog stop can leave them so): the layers above `layer` have the
+#: command's update, `layer` may have part of it, the layers below it have none of it.
+STOP_FIELDS = {"stopped": (0, 1), "watchdog": (1, 1), "weights_changed": (2, 1),
+               "layer": (8, 8)}
+
+
+def stop_fields(word):
+    """STOPPED's value -> {field: value} (STOP_FIELDS)."""
+    return {name: (word >> lo) & ((1 << bits) - 1) for name, (lo, bits) in STOP_FIELDS.items()}
 FLAG_BITS = ("zero_skip", "psg", "psg_relative", "ssprop_random")
 
 
