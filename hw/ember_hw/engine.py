@@ -522,8 +522,10 @@ class EngineCore(wiring.Component):
         with m.FSM(name="seq") as fsm:
             with seq_state("IDLE"):
                 with m.If(start_train | start_infer):
+                    # (desc_step: a stopped command may have left a descriptor half loaded)
                     m.d.sync += [busy.eq(1), infer_mode.eq(start_infer), b.eq(0), l.eq(0),
-                                 j.eq(0), correct.eq(0), correction.eq(0), cur_half.eq(0)]
+                                 j.eq(0), correct.eq(0), correction.eq(0), cur_half.eq(0),
+                                 desc_step.eq(0)]
                     if has_random:
                         m.d.comb += [lfsr.load.eq(1), lfsr.seed.eq(lfsr_seed)]
                     m.next = "DESC_FWD"
