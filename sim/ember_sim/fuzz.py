@@ -21,8 +21,8 @@ and on a clean model device that never saw a fuzz frame: different weights or co
 counts are a corruption too.
 
 After every state check, an *abort unit* (issue 15): a CONTROL train and, behind it, a few
-STATUS reads (0 to ABORT_DELAY_READS, to land the abort at different points of the step) and
-an abort, to each device on its own. Their answers may differ by design: the model has no
+reads of STATUS or of counters (0 to ABORT_DELAY_READS, to land the abort at different points
+of the step) and an abort, to each device on its own. Their answers may differ by design: the model has no
 clock, so its step has ended before the abort arrives, while the board is mid-step. So each
 device is checked against the rules instead: every frame answered, the abort `ok`, the step
 `aborted` with its weights as they were, or `ok` with a clean device's update (an abort after
@@ -62,8 +62,9 @@ HANG_BOUND_S = 0.01
 STALL_S = 30.0
 #: Examples kept in the report.
 EXAMPLES = 10
-#: STATUS reads between an abort unit's train command and its abort: at most this many.
-ABORT_DELAY_READS = 24
+#: Reads (of STATUS or of counters) between an abort unit's train command and its abort: at
+#: most this many.
+ABORT_DELAY_READS = 12
 #: The network the fuzzed devices hold (fits every build), and its batch.
 NETWORK = (10, 7, 6, 4)
 BATCH = 4
@@ -637,7 +638,7 @@ class Fuzzer:
         self.regs = Registers(self.build, self.state[0]["regs"])
 
     def _abort_unit(self):
-        """A train command, 0 to ABORT_DELAY_READS STATUS reads, an abort and the probe, to
+        """A train command, 0 to ABORT_DELAY_READS reads, an abort and the probe, to
         each fuzzed device; the rules of the module docstring; then the weights put back, the
         counters cleared and a clean step (_train)."""
         report = self.report
@@ -647,7 +648,13 @@ class Fuzzer:
         seq = self.rng.randrange(256)
         status_reg, control = regmap.reg("status"), regmap.reg("control")
         frames = [_request(WRITE, seq, control, 1, [spec.CONTROL_TRAIN])]
-        frames += [_request(READ, (seq + 1 + i) & 0xFF, status_reg, 1) for i in range(delay)]
+        # reads while the step runs: STATUS, or a run of counter words (long answers: they
+        # move the abort further into the step)
+        counters, n_words = regmap.region("counters"), 2 * len(spec.COUNTERS)
+        for i in range(delay):
+            addr, count = ((status_reg, 1) if self.rng.random() < 0.5 else
+                           (counters, self.rng.randint(1, n_words)))
+            frames.append(_request(READ, (seq + 1 + i) & 0xFF, addr, count))
         abort_seq = (seq + 1 + delay) & 0xFF
         frames.append(_request(WRITE, abort_seq, control, 1, [spec.CONTROL_ABORT]))
         probe_request, closing = probe(report["units"] & 0xFF)
