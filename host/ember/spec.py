@@ -131,8 +131,10 @@ SPRAM_BLOCKS = 4
 #: settings that need a missing unit before it writes anything.
 #: command_check is the engine's own check of every command against the build's memories
 #: (ember_hw.stepcheck.StepCheck, COMMAND_CHECKS); a build without it checks only "layers"
-#: and "batch" (no command can hang), and trusts its host for the rest.
-FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random", "command_check")
+#: and "batch" (no command can hang), and trusts its host for the rest. watchdog is the
+#: sequencer's cycle limit per command (the `watchdog` setting, docs/protocol.md section 10);
+#: a build without it has no such register and stops a command only on an abort.
+FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random", "command_check", "watchdog")
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,8 @@ class Build:
             Setting("psg_step_shift", 0, WEIGHT_BITS - 2, feature="psg"),
             Setting("keep_q8", 1, KEEP_ONE, init=KEEP_ONE, feature="ssprop"),
             Setting("lfsr_seed", 1, (1 << 16) - 1, init=1, feature="ssprop_random"),
-            Setting("watchdog", 1, self.max_command_cycles(), init=self.max_command_cycles()),
+            Setting("watchdog", 1, self.max_command_cycles(), init=self.max_command_cycles(),
+                    feature="watchdog"),
         )
         return {s.name: s for s in table}
 
@@ -581,7 +584,8 @@ CONTROL_ABORT = 8
 #: to its end. stopped: the last command did not; watchdog: the watchdog stopped it (it had
 #: run `watchdog` cycles), else an abort did; weights_changed: it had written weights when it
 #: stopped (only a watchdog stop can leave them so): the layers above `layer` have the
-#: command's update, `layer` may have part of it, the layers below it have none of it.
+#: command's update, `layer` may have part of it, the layers below it have none of it
+#: (`layer` is 0 without weights_changed).
 STOP_FIELDS = {"stopped": (0, 1), "watchdog": (1, 1), "weights_changed": (2, 1),
                "layer": (8, 8)}
 

@@ -207,11 +207,10 @@ class EngineCore(wiring.Component):
         # counters act on them in the next cycle
         start_train, start_infer = regs.start_train, regs.start_infer
         m.d.comb += regs.busy.eq(busy)
-        # the end of a command, and how it ended, for the bridge's deferred answer
+        # the end of a command, for the bridge's deferred answer (how it ended: below)
         busy_was = Signal()
-        cmd_status = Signal(8)
         m.d.sync += busy_was.eq(busy)
-        m.d.comb += [bus.cmd_done.eq(busy_was & ~busy), bus.cmd_status.eq(cmd_status)]
+        m.d.comb += bus.cmd_done.eq(busy_was & ~busy)
 
         # ---------------------------------------------------------------- bus slave
         # the "regs" region is the register bank's; the memory regions are decoded here
@@ -1251,29 +1250,38 @@ class EngineCore(wiring.Component):
         # that never ran the stopped one (tests/test_liveness.py).
         watchdog = settings.watchdog
         cycles_left = Signal.like(watchdog)     # cycles the command may still run
-        expired = Signal()                      # it has run `watchdog` cycles
+        expired = Signal()                      # it has run `watchdog` cycles (never without
+        has_watchdog = "watchdog" in bld.features   # the unit: only an abort stops)
         abort_req = Signal()
         weights_touched = Signal()              # it has written a weight
         stopped = Signal.like(regs.stopped)
         m.d.comb += regs.stopped.eq(stopped)
         with m.If(fsm.ongoing("IDLE") & (start_train | start_infer)):
-            m.d.sync += [cycles_left.eq(watchdog), expired.eq(0), abort_req.eq(0),
-                         weights_touched.eq(0), cmd_status.eq(code["ok"]), stopped.eq(0)]
-        with m.Elif(busy):
-            m.d.sync += [cycles_left.eq(cycles_left - 1), expired.eq(cycles_left == 1)]
+            m.d.sync += [abort_req.eq(0), weights_touched.eq(0), stopped.eq(0)]
+            if has_watchdog:
+                m.d.sync += [cycles_left.eq(watchdog), expired.eq(0)]
+        if has_watchdog:
+            with m.Elif(busy):
+                m.d.sync += [cycles_left.eq(cycles_left - 1), expired.eq(cycles_left == 1)]
         with m.If(regs.abort):
             m.d.sync += abort_req.eq(1)
         with m.If(upd.wr_en):
             m.d.sync += weights_touched.eq(1)
         m.d.comb += stop.eq(busy & (expired | (abort_req & ~weights_touched & ~upd.wr_en)))
-        fields = {"stopped": 1, "watchdog": expired, "weights_changed": weights_touched | upd.wr_en,
-                  "layer": l}
+        changed = weights_touched | upd.wr_en
+        fields = {"stopped": 1, "watchdog": expired, "weights_changed": changed,
+                  "layer": Mux(changed, l, 0)}
         stop_word = Const(0, len(stopped))
         for name, (lo, bits) in spec.STOP_FIELDS.items():
             stop_word = stop_word | (Cat(fields[name])[:bits] << lo)
         with m.If(stop):
-            m.d.sync += [busy.eq(0), limit_start.eq(1), stopped.eq(stop_word),
-                         cmd_status.eq(Mux(expired, code["watchdog"], code["aborted"]))]
+            m.d.sync += [busy.eq(0), limit_start.eq(1), stopped.eq(stop_word)]
+        # the last command's outcome, from STOPPED (held until the next command starts)
+        field = {name: stopped[lo] for name, (lo, _) in spec.STOP_FIELDS.items()}
+        m.d.comb += bus.cmd_status.eq(Mux(field["stopped"],
+                                          Mux(field["watchdog"], code["watchdog"],
+                                              code["aborted"]),
+                                          code["ok"]))
 
         # ---------------------------------------------------------------- memory collisions
         # No command uses what a memory read returns for a word written in the same cycle

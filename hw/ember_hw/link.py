@@ -18,10 +18,10 @@ module imports, so both sides share one definition). The bridge works frame by f
 receiver in front drops them and flags overrun; the host waits for each response anyway).
 
 A WRITE that starts a train or infer command (the engine acknowledges its word with ``defer``)
-is answered when the command ends, not at once: the bridge keeps the frame's seq and the
-word's address, goes back to RECEIVE and answers other frames meanwhile (STATUS, an abort).
+is answered when the command ends, not at once: the bridge keeps the frame's seq (the word is
+CONTROL, the only register that defers), goes back to RECEIVE and answers other frames meanwhile (STATUS, an abort).
 When the engine reports the end (``cmd_done``), the owed answer goes out as soon as no frame
-is being received: ``ok``, or the error ``aborted``/``watchdog`` at the word's address. A
+is being received: ``ok``, or the error ``aborted``/``watchdog`` at CONTROL's address. A
 retransmission of the owed frame (a WRITE with its seq) is dropped: its answer is coming.
 """
 
@@ -48,7 +48,11 @@ def crc16_update(crc, byte):
 
 
 # What follows seq in a response.
-_TAIL_NONE, _TAIL_ADDR, _TAIL_DATA = range(3)
+# (an address tail is the failing word's, 0 for a frame error, or CONTROL's for a command's
+# owed answer: chosen as the bytes go out, so the address register needs no load of 0 or of
+# CONTROL)
+_TAIL_NONE, _TAIL_ADDR, _TAIL_DATA, _TAIL_ZERO, _TAIL_CONTROL = range(5)
+_CONTROL_ADDR = spec.ADDRESS_MAP["regs"][0] + spec.REGISTERS["control"][0]
 # Which part of the response LOAD picks next.
 _FIELD_STATUS, _FIELD_SEQ, _FIELD_TAIL, _FIELD_CRC_LO, _FIELD_CRC_HI, _FIELD_DONE = range(6)
 
@@ -121,21 +125,22 @@ class LinkBridge(wiring.Component):
         last_write_seq = Signal(8)
         last_write_valid = Signal()
 
-        # The owed answer of a WRITE that started a command (bus.defer): its seq and address;
-        # owed_done once the command has ended, with its status.
+        # The owed answer of a WRITE that started a command (bus.defer): its seq; owed_done once
+        # the command has ended. Only CONTROL starts commands, so the answer's address is
+        # CONTROL's; the engine holds the command's status until the next command, which does
+        # not start while the answer is owed (bus.owing).
         owed = Signal()
         owed_seq = Signal(8)
-        owed_addr = Signal(spec.BUS_ADDR_BITS)
         owed_done = Signal()
-        owed_status = Signal(8)
+        owed_status = self.bus.cmd_status
         deferred = Signal()             # a word of the frame being executed started a command
         m.d.comb += self.bus.owing.eq(owed)
         with m.If(owed & self.bus.cmd_done):
-            m.d.sync += [owed_done.eq(1), owed_status.eq(self.bus.cmd_status)]
+            m.d.sync += owed_done.eq(1)
 
         # Response state.
         status = Signal(8)
-        tail = Signal(range(3))
+        tail = Signal(range(5))
         response_field = Signal(range(_FIELD_DONE + 1))
         # The delay line's older byte is idle while responding: it holds the unescaped byte
         # being sent, so the CRC unit always reads the same byte.
@@ -184,7 +189,7 @@ class LinkBridge(wiring.Component):
 
         def respond_error(code):
             # Frame errors report address 0: the received one may be garbage.
-            return [status.eq(code), tail.eq(_TAIL_ADDR), addr.eq(0)]
+            return [status.eq(code), tail.eq(_TAIL_ZERO)]
 
         # the owed answer goes out between frames, never into the middle of one
         answer_owed = Signal()
@@ -194,9 +199,9 @@ class LinkBridge(wiring.Component):
             with m.State("RECEIVE"):
                 m.d.comb += self.rx.ready.eq(~answer_owed)
                 with m.If(answer_owed):
-                    m.d.sync += [status.eq(owed_status), seq.eq(owed_seq), addr.eq(owed_addr),
+                    m.d.sync += [status.eq(owed_status), seq.eq(owed_seq),
                                  tail.eq(Mux(owed_status == status_code["ok"], _TAIL_NONE,
-                                             _TAIL_ADDR)),
+                                             _TAIL_CONTROL)),
                                  owed.eq(0), owed_done.eq(0),
                                  last_write_seq.eq(owed_seq),
                                  last_write_valid.eq(owed_status == status_code["ok"])]
@@ -299,7 +304,7 @@ class LinkBridge(wiring.Component):
                 with m.Elif(self.bus.ack):
                     with m.If(self.bus.defer):
                         m.d.sync += [owed.eq(1), owed_done.eq(0), owed_seq.eq(seq),
-                                     owed_addr.eq(addr), deferred.eq(1)]
+                                     deferred.eq(1)]
                     with m.If(~is_write):
                         m.d.comb += [
                             buffer_w.addr.eq(word_index),
@@ -339,8 +344,11 @@ class LinkBridge(wiring.Component):
                         m.d.sync += response_field.eq(
                             Mux(tail == _TAIL_NONE, _FIELD_CRC_LO, _FIELD_TAIL))
                     with m.Case(_FIELD_TAIL):
-                        with m.If(tail == _TAIL_ADDR):
-                            m.d.comb += field_byte.eq(addr.word_select(lane, 8))
+                        with m.If(tail != _TAIL_DATA):
+                            m.d.comb += field_byte.eq(Mux(
+                                tail == _TAIL_ADDR, addr.word_select(lane, 8),
+                                Mux(tail == _TAIL_CONTROL,
+                                    Const(_CONTROL_ADDR, 24).word_select(lane, 8), 0)))
                             with m.If(lane == protocol.ADDR_BYTES - 1):
                                 m.d.sync += [lane.eq(0), response_field.eq(_FIELD_CRC_LO)]
                             with m.Else():
