@@ -15,6 +15,7 @@ import pytest
 from conftest import random_batch
 from engine_harness import BusDriver, BusError, EngineSession, golden_for, run_testbench
 from ember import golden, regmap, spec
+from ember.protocol import encode_request
 from ember.spec import Build, StepSettings
 from ember_hw.engine import EngineCore
 
@@ -202,3 +203,71 @@ def test_abort_before_the_first_weight_write_leaves_the_weights(when, outcome):
         assert got["status"] == "ok" and got["stopped"]["stopped"] == 0
         for l, w in enumerate(got["left"]):
             assert np.array_equal(w, stepped[l]), l
+
+
+# --- The host's side, on the simulated board ------------------------------------------------------
+TINY = spec.BUILDS["tiny"]
+WIDE = [64, 64, 64, 10]         # a long step: about 75,000 cycles at batch 8 on 4 lanes
+
+
+@pytest.mark.rtl
+def test_host_stops_commands_on_the_simulated_board():
+    """Through the link of the simulated board (Verilator): an abort while idle does nothing;
+    the watchdog set below a step's cycles stops it with CommandStopped naming what it left,
+    and a step after reloading the weights matches the model; Ctrl-C while a step runs aborts
+    it (before its first weight write: the weights stay) and the interrupt goes on; a Link's
+    retransmission of the owed frame is dropped, not executed twice."""
+    from ember.device import CommandStopped, ModelDevice, open_device
+    rng = np.random.default_rng(5)
+    w0 = golden.init_weights(WIDE, 5)
+    x, y = random_batch(rng, WIDE, 8, zero_fraction=0.1)
+    settings = StepSettings(lr_shift=6)
+    model = ModelDevice(TINY)
+    model.configure(WIDE)
+    model.load_weights(w0)
+    model.train_batch(x, y, settings)
+    with open_device("sim", build=TINY, simulator="verilator") as dev:
+        dev.configure(WIDE)
+        dev.load_weights(w0)
+        assert dev.abort() is False
+        dev.clear_counters()
+        dev.train_batch(x, y, settings)
+        cycles = dev.read_counters()["cycles"]
+        assert all(np.array_equal(a, b) for a, b in zip(dev.read_weights(), model.read_weights()))
+        # the watchdog: a limit one cycle short of the step
+        dev.load_weights(w0)
+        dev.link.write_words(regmap.reg("watchdog"), [cycles - 1])
+        with pytest.raises(CommandStopped, match="watchdog") as stopped:
+            dev.train_batch(x, y, settings)
+        fields = stopped.value.stopped
+        assert stopped.value.status == "watchdog" and fields["weights_changed"] == 1
+        assert fields["layer"] == 0        # its very last cycle: layer 0's update
+        left = dev.read_weights()
+        assert all(np.array_equal(a, b) for a, b in zip(left[1:], model.read_weights()[1:]))
+        dev.link.write_words(regmap.reg("watchdog"), [TINY.settings()["watchdog"].hi])
+        dev.load_weights(w0)
+        dev.train_batch(x, y, settings)
+        assert all(np.array_equal(a, b) for a, b in zip(dev.read_weights(), model.read_weights()))
+        # Ctrl-C while the step runs: the host's wait for the command's answer is interrupted
+        dev.load_weights(w0)
+        link, wait = dev.link, dev.link._await_response
+
+        def interrupted(seq, expect_words):
+            link._await_response = wait
+            raise KeyboardInterrupt
+        link._await_response = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            dev.train_batch(x, y, settings)
+        assert dev.link.read_words(regmap.reg("status"), 1)[0] & 1 == 0
+        assert spec.stop_fields(dev.link.read_words(regmap.reg("stopped"), 1)[0])["stopped"]
+        assert all(np.array_equal(a, b) for a, b in zip(dev.read_weights(), w0))
+        # a retransmission of the owed frame while the step runs: dropped; one answer comes
+        dev.load_weights(w0)
+        seq = link.seq
+        request = encode_request("write", seq, regmap.reg("control"), 1, [spec.CONTROL_TRAIN])
+        link.seq = (seq + 1) & 0xFF
+        link.port.write(request + request)
+        answer, _ = link._await_response(seq, 0)
+        assert answer is not None and answer.status == "ok"
+        assert link.read_words(regmap.reg("status"), 1)[0] & 1 == 0
+        assert all(np.array_equal(a, b) for a, b in zip(dev.read_weights(), model.read_weights()))
