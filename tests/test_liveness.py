@@ -207,7 +207,7 @@ def test_abort_before_the_first_weight_write_leaves_the_weights(when, outcome):
 
 # --- The host's side, on the simulated board ------------------------------------------------------
 TINY = spec.BUILDS["tiny"]
-WIDE = [64, 64, 64, 10]         # a long step: about 75,000 cycles at batch 8 on 4 lanes
+WIDE = [64, 24, 10]             # the longest forward pass the tiny build holds at batch 8
 
 
 @pytest.mark.rtl
@@ -215,12 +215,13 @@ def test_host_stops_commands_on_the_simulated_board():
     """Through the link of the simulated board (Verilator): an abort while idle does nothing;
     the watchdog set below a step's cycles stops it with CommandStopped naming what it left,
     and a step after reloading the weights matches the model; Ctrl-C while a step runs aborts
-    it (before its first weight write: the weights stay) and the interrupt goes on; a Link's
-    retransmission of the owed frame is dropped, not executed twice."""
+    it and the interrupt goes on, the device idle with the weights from before the step or
+    with the whole step; a Link's retransmission of the owed frame is dropped, not executed
+    twice."""
     from ember.device import CommandStopped, ModelDevice, open_device
     rng = np.random.default_rng(5)
     w0 = golden.init_weights(WIDE, 5)
-    x, y = random_batch(rng, WIDE, 8, zero_fraction=0.1)
+    x, y = random_batch(rng, WIDE, 8, zero_fraction=0.0)
     settings = StepSettings(lr_shift=6)
     model = ModelDevice(TINY)
     model.configure(WIDE)
@@ -229,7 +230,8 @@ def test_host_stops_commands_on_the_simulated_board():
     with open_device("sim", build=TINY, simulator="verilator") as dev:
         dev.configure(WIDE)
         dev.load_weights(w0)
-        assert dev.abort() is False
+        dev.abort()                     # nothing runs: nothing to stop
+        assert dev.link.read_words(regmap.reg("stopped"), 1)[0] == 0
         dev.clear_counters()
         dev.train_batch(x, y, settings)
         cycles = dev.read_counters()["cycles"]
@@ -250,17 +252,27 @@ def test_host_stops_commands_on_the_simulated_board():
         assert all(np.array_equal(a, b) for a, b in zip(dev.read_weights(), model.read_weights()))
         # Ctrl-C while the step runs: the host's wait for the command's answer is interrupted
         dev.load_weights(w0)
-        link, wait = dev.link, dev.link._await_response
+        link = dev.link
+        wait, transact = link._await_response, link._transact
 
         def interrupted(seq, expect_words):
             link._await_response = wait
             raise KeyboardInterrupt
-        link._await_response = interrupted
+
+        def interrupting(cmd, addr, count, words, what, any_status=False):
+            if addr == regmap.reg("control") and words == [spec.CONTROL_TRAIN]:
+                link._transact, link._await_response = transact, interrupted
+            return transact(cmd, addr, count, words, what, any_status)
+        link._transact = interrupting
         with pytest.raises(KeyboardInterrupt):
             dev.train_batch(x, y, settings)
         assert dev.link.read_words(regmap.reg("status"), 1)[0] & 1 == 0
-        assert spec.stop_fields(dev.link.read_words(regmap.reg("stopped"), 1)[0])["stopped"]
-        assert all(np.array_equal(a, b) for a, b in zip(dev.read_weights(), w0))
+        # (the simulated board may finish the 11,848-cycle step before the abort arrives: the
+        # abort is not in the same socket write, so this is a race with the host's reaction;
+        # the fuzzer's abort units and the tests above land aborts mid-step deterministically)
+        stopped_by_abort = spec.stop_fields(link.read_words(regmap.reg("stopped"), 1)[0])
+        want = w0 if stopped_by_abort["stopped"] else model.read_weights()
+        assert all(np.array_equal(a, b) for a, b in zip(dev.read_weights(), want))
         # a retransmission of the owed frame while the step runs: dropped; one answer comes
         dev.load_weights(w0)
         seq = link.seq

@@ -247,17 +247,15 @@ class EngineDevice(Device):
     def abort(self):
         """Stop the command the device is running, if any, and return once it has ended. The
         device answers an abort at once, even mid-command; the command stops before its first
-        weight write, or else runs to its end (docs/protocol.md, section 10). Returns True if
-        a command was running."""
+        weight write, or else runs to its end (docs/protocol.md, section 10). STOPPED then says
+        whether it stopped; a device that ran no command does nothing."""
         status = regmap.reg("status")
-        running = self.link.read_words(status, 1)[0] & 1
         self.link.write_words(regmap.reg("control"), [spec.CONTROL_ABORT])
         deadline = time.monotonic() + self.command_timeout
         while self.link.read_words(status, 1)[0] & 1:
             if time.monotonic() > deadline:
                 raise LinkError(f"the device still runs a command {self.command_timeout:.0f} s "
                                 "after an abort", "busy", self.link.seq)
-        return bool(running)
 
     def _stopped(self, name, status):
         fields = spec.stop_fields(self.link.read_words(regmap.reg("stopped"), 1)[0])

@@ -44,8 +44,8 @@ from ember_sim.board_top import BURST_BYTES, collected_bytes
 MIN_STEP, MAX_STEP = 64, 4096
 #: Longest span the engine runs a command without a wake. The wake updates the progress file
 #: and passes on what the host sent meanwhile: a STATUS read or an abort reaches the engine
-#: within this many cycles of arriving (about 7 ms of simulated time at 48 MHz).
-BUSY_STEP = 1 << 12
+#: within this many cycles of arriving.
+BUSY_STEP = 1 << 11
 
 
 async def cycles(dut, count):
