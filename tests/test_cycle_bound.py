@@ -7,12 +7,14 @@ import pytest
 
 from conftest import random_batch
 from engine_harness import BusDriver, EngineSession, run_testbench
-from ember import golden, spec
+from ember import golden, regmap, spec
 from ember.spec import CYCLE_PHASES, ConfigError, StepSettings
 from ember_hw.engine import EngineCore
 from ember_hw.loss import SoftmaxGradUnit
 from test_engine_pysim import SMALL
 
+CYCLES = spec.CYCLE_COUNTERS
+assert spec.COUNTERS[-len(CYCLES):] == CYCLES
 #: A dense step (zero skip off, every layer updated, no PSG, no ssProp): the bound for its
 #: settings is exactly its cycles (as for inference)
 DENSE = StepSettings()
@@ -31,17 +33,26 @@ def run_commands(build, layers, batch, commands, seed=0):
     deltas = []
 
     async def body(ctx):
-        s = EngineSession(BusDriver(ctx, dut.bus), build, layers, batch)
+        driver = BusDriver(ctx, dut.bus)
+        s = EngineSession(driver, build, layers, batch)
+
+        async def cycle_counters():
+            # only the cycle counters (contiguous, the last of COUNTERS): reading all of them
+            # after every command would cost the simulator a few hundred cycles each time
+            words = await driver.read_words(regmap.counter(CYCLES[0]), 2 * len(CYCLES))
+            return {name: words[2 * i] | words[2 * i + 1] << 32
+                    for i, name in enumerate(CYCLES)}
+
         await s.configure(golden.init_weights(layers, seed))
-        before = await s.counters()
+        before = await cycle_counters()
         for settings, zeros in commands:
             x, y = random_batch(rng, layers, batch, zero_fraction=zeros)
             if settings is None:
                 await s.infer(x)
             else:
                 await s.train(x, y, settings)
-            after = await s.counters()
-            deltas.append({name: after[name] - before[name] for name in spec.CYCLE_COUNTERS})
+            after = await cycle_counters()
+            deltas.append({name: after[name] - before[name] for name in CYCLES})
             before = after
 
     run_testbench(dut, body)
@@ -62,15 +73,18 @@ def check_within_bound(build, layers, batch, settings, measured):
     return every, own
 
 
-def random_legal_shape(rng, build, widths, batches, depths):
-    """A network and batch that check_network accepts on `build` (rejection sampling)."""
+def random_legal_shape(rng, build, depths, widths=None):
+    """A network of depths[0]..depths[1] layers and a batch that check_network accepts on
+    `build` (rejection sampling). Widths are 2..widths, or, without `widths`, 1 up to a
+    random power of two up to build.max_width (so that wide builds' small networks come up
+    too)."""
     while True:
-        # widths up to a random power of two, so that wide builds' small networks come up too
-        top = min(widths[1], max(widths[0], 1 << int(rng.integers(1, widths[1].bit_length() + 1))))
-        layers = [int(w) for w in rng.integers(widths[0], top + 1,
-                                               size=int(rng.integers(*depths)) + 1)]
+        top = widths or min(build.max_width, 1 << int(rng.integers(1, build.max_width.bit_length() + 1)))
+        low = 2 if widths else 1
+        layers = [int(w) for w in rng.integers(low, top + 1,
+                                               size=int(rng.integers(depths[0], depths[1] + 1)) + 1)]
         layers[-1] = max(2, layers[-1])
-        batch = int(rng.integers(batches[0], batches[1] + 1))
+        batch = int(rng.integers(1, build.max_batch + 1))
         try:
             spec.check_network(layers, build, batch)
         except ConfigError:
@@ -101,10 +115,12 @@ def settings_for(rng, n_layers):
     ]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_bound_holds_on_random_shapes_and_settings(seed):
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_bound_holds_on_random_shapes_and_settings(depth):
+    """Random widths 2..32 and batches 1..8 that fit the SMALL build, `depth` layers."""
+    seed = 10 + depth
     rng = np.random.default_rng(seed)
-    layers, batch = random_legal_shape(rng, SMALL, (2, 32), (1, SMALL.max_batch), (1, 4))
+    layers, batch = random_legal_shape(rng, SMALL, (depth, depth), widths=32)
     commands = settings_for(rng, len(layers) - 1)
     measured = run_commands(SMALL, layers, batch, commands, seed)
     for (settings, _), m in zip(commands, measured):
@@ -116,7 +132,7 @@ def test_bound_holds_on_random_shapes_and_settings(seed):
 def test_default_build_64_32_10():
     """The sim build's 8 lanes on the digits network at batch 16: a dense step, an
     e2train-like step (PSG with tau 0, an SLU mask that freezes the bottom layer) and
-    inference (about 40 s of the Amaranth simulator: one more step would take 10 s)."""
+    inference (about 20 s of the Amaranth simulator; one more step would take 10 s)."""
     build, layers, batch = spec.DEFAULT_BUILD, [64, 32, 10], 16
     commands = [(DENSE, 0.0),
                 (StepSettings(psg=True, update_mask=(False, True)), 0.5),
@@ -131,6 +147,21 @@ def test_default_build_64_32_10():
     assert every <= EVERY_SETTING_OVER_DENSE * dense, (dense, every)
 
 
+def test_build_without_psg_and_ssprop():
+    """Without the PSG and ssProp units (the iCEBreaker's features) no setting lengthens a
+    step beyond the dense one: the bound for every setting is exactly a dense step's cycles."""
+    import dataclasses
+    lean = dataclasses.replace(SMALL, name="lean", features=("zero_skip", "slu"))
+    rng = np.random.default_rng(7)
+    layers, batch = random_legal_shape(rng, lean, (2, 2), widths=32)
+    commands = [(DENSE, 0.0), (StepSettings(zero_skip=True, update_mask=(False, True)), 0.8),
+                (None, 0.0)]
+    measured = run_commands(lean, layers, batch, commands)
+    for (settings, _), m in zip(commands, measured):
+        check_within_bound(lean, layers, batch, settings, m)
+    assert spec.command_cycle_bound(lean, layers, batch) == measured[0]["cycles"]
+
+
 def test_max_command_cycles_bounds_every_legal_command():
     rng = np.random.default_rng(5)
     for build in (*spec.BUILDS.values(), SMALL):
@@ -139,8 +170,7 @@ def test_max_command_cycles_bounds_every_legal_command():
         largest = [build.max_width] * (build.max_layers + 1)
         assert most == spec.command_cycle_bound(build, largest, build.max_batch)
         for _ in range(200):
-            layers, batch = random_legal_shape(rng, build, (1, build.max_width),
-                                               (1, build.max_batch), (1, build.max_layers + 1))
+            layers, batch = random_legal_shape(rng, build, (1, build.max_layers))
             for train in (True, False):
                 assert spec.command_cycle_bound(build, layers, batch, train) <= most, \
                     (build.name, layers, batch, train)

@@ -634,8 +634,8 @@ def command_cycle_bounds(build, layers, batch, train=True, settings=None):
                   activation, when skipping, takes 1 instead) + 6 (IG_DRAIN: 5 stages)
                 + 1 (REQ_START) + B * K + 5 (REQ_RUN: one dX a cycle, 4-stage pipeline)
     cycles_weight_grad + cycles_update (train; WG_*, PSG_*, UPD_HANDOFF, WG_WAIT), per
-      updated layer:
-                  1 (WG_START) + 3 * nb (WG_BLOCK, WG_BLOCK2, WG_NEXT_BLOCK)
+      layer that runs a pass: 1 (WG_START); per updated layer:
+                  3 * nb (WG_BLOCK, WG_BLOCK2, WG_NEXT_BLOCK)
                 + path + (nb - 1) * max(path, P + 5) + nb * (K - 1) * max(path, P + 8):
                   each (j, k) is handed to the update unit, whose hand-overs are P + 8
                   cycles apart (ember_hw.update); a (j, k) takes WG_K 1, WG_FULL B + 4 (a
@@ -718,9 +718,10 @@ def command_cycle_bounds(build, layers, batch, train=True, settings=None):
         input_grad += 1
         if igrad[l]:
             input_grad += 1 + B * K * nb + 6 + 1 + B * K + 5
+        weight_grad += 1            # WG_START, which ends a layer of input gradient only
         if wgrad[l]:
             path = 2 * B + 11 if psg else B + 6
-            weight_grad += 1 + 3 * nb + path + (nb - 1) * max(path, P + 5) \
+            weight_grad += 3 * nb + path + (nb - 1) * max(path, P + 5) \
                 + nb * (K - 1) * max(path, P + 8) + P + 7
             if psg_relative:
                 weight_grad += 3 * nb + nb * K * (B + P + 7)
