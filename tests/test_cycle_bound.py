@@ -19,9 +19,10 @@ assert spec.COUNTERS[-len(CYCLES):] == CYCLES
 #: settings is exactly its cycles (as for inference)
 DENSE = StepSettings()
 #: The bound for every setting over a dense step's cycles on 64-32-10 at batch 16 (sim
-#: build): at least the slowest legal step's over the dense step's (relative PSG with tau 0
-#: recomputes every lane after its extra pass: measured 2.07x), plus the ssProp selection's
-#: worst case. Measured: 33,686 / 15,375 = 2.19.
+#: build). No bound for every setting can be below the slowest step's cycles: relative PSG
+#: with tau 0 recomputes every lane after its extra pass, and keep_q8 255 adds the ssProp
+#: selection and drops no block (measured 33,494 cycles, 2.18 times the dense step's 15,375;
+#: the bound is 33,725, 2.19 times).
 EVERY_SETTING_OVER_DENSE = 2.25
 
 
@@ -130,20 +131,19 @@ def test_bound_holds_on_random_shapes_and_settings(depth):
 
 
 def test_default_build_64_32_10():
-    """The sim build's 8 lanes on the digits network at batch 16: a dense step, an
-    e2train-like step (PSG with tau 0, an SLU mask that freezes the bottom layer) and
-    inference (about 20 s of the Amaranth simulator; one more step would take 10 s)."""
+    """The sim build's 8 lanes on the digits network at batch 16: a dense step and an
+    e2train-like step (PSG with tau 0, an SLU mask that freezes the bottom layer). About
+    20 s of the Amaranth simulator; inference (exact, like the dense step: tested on the
+    SMALL build) or another step would take 5 to 10 s more."""
     build, layers, batch = spec.DEFAULT_BUILD, [64, 32, 10], 16
     commands = [(DENSE, 0.0),
-                (StepSettings(psg=True, update_mask=(False, True)), 0.5),
-                (None, 0.3)]
+                (StepSettings(psg=True, update_mask=(False, True)), 0.5)]
     measured = run_commands(build, layers, batch, commands)
     for (settings, _), m in zip(commands, measured):
         check_within_bound(build, layers, batch, settings, m)
     dense = measured[0]["cycles"]
     every, own = check_within_bound(build, layers, batch, DENSE, measured[0])
     assert own == dense
-    assert spec.command_cycle_bound(build, layers, batch, train=False) == measured[-1]["cycles"]
     assert every <= EVERY_SETTING_OVER_DENSE * dense, (dense, every)
 
 

@@ -595,8 +595,8 @@ def command_cycle_bounds(build, layers, batch, train=True, settings=None):
     leaves out).
 
     Notation: P = build.lanes; B = batch; per layer l (input side first) K = layers[l],
-    N = layers[l + 1], nb = ceil(N / P), nk = ceil(K / P); M = the serial multiplier's
-    steps, the bits of a layer width (descriptor field "inputs"); N_top = the classes.
+    N = layers[l + 1], nb = ceil(N / P); M = the serial multiplier's steps, the bits of a
+    layer width (descriptor field "inputs"); N_top = the classes.
     Each bound below is the largest number of cycles of its states; data-dependent states
     are taken at their longest (zero skipping shortens only IG_RUN; PSG and ssProp terms are
     their worst case), waits on a unit at the unit's longest (its docstring's timing):
@@ -643,8 +643,10 @@ def command_cycle_bounds(build, layers, batch, train=True, settings=None):
                   WG_LOW B + 4 and PSG_DECIDE 1 before, and the recompute of uncertain
                   lanes: path = 2 * B + 11), and its hand-over waits out the rest of the P + 8
                   cycles since the last: none for the first, up to P + 5 - path after the 3
-                  block states of a new block, P + 8 - path within a block (ssProp's empty
-                  blocks take their 3 states and no (j, k), so all blocks kept is the worst)
+                  block states of a new block, P + 8 - path within a block; ssProp's empty
+                  blocks take their 3 states and no (j, k), so the worst is every block kept,
+                  and with a step's keep ratio nb is min(nb, kept channels) in the (j, k)
+                  terms here and below
                 + P + 7 (WG_WAIT: the last update)
       PSG relative (its first pass finds the largest |prediction|):
                 + 3 * nb + nb * K * (B + P + 7) (WG_K 1, WG_LOW B + 4, PSG_DECIDE 1,
@@ -699,6 +701,10 @@ def command_cycle_bounds(build, layers, batch, train=True, settings=None):
     for l in range(n_layers):
         K, N = layers[l], layers[l + 1]
         nb = build.blocks(N)
+        # blocks with a kept channel: with a step's keep ratio, at most one per kept channel
+        kept_blocks = nb
+        if settings is not None and ssprop:
+            kept_blocks = min(nb, max(1, N * settings.keep_q8 >> (KEEP_ONE.bit_length() - 1)))
         forward += 7 + (1 if l == 0 else max(1, P - 2)) + K + 6 \
             + (B * nb - 1) * max(K + 6, P + 5)
         if not train:
@@ -721,10 +727,10 @@ def command_cycle_bounds(build, layers, batch, train=True, settings=None):
         weight_grad += 1            # WG_START, which ends a layer of input gradient only
         if wgrad[l]:
             path = 2 * B + 11 if psg else B + 6
-            weight_grad += 3 * nb + path + (nb - 1) * max(path, P + 5) \
-                + nb * (K - 1) * max(path, P + 8) + P + 7
+            weight_grad += 3 * nb + path + (kept_blocks - 1) * max(path, P + 5) \
+                + kept_blocks * (K - 1) * max(path, P + 8) + P + 7
             if psg_relative:
-                weight_grad += 3 * nb + nb * K * (B + P + 7)
+                weight_grad += 3 * nb + kept_blocks * K * (B + P + 7)
     forward += P + 5 + 1
     if train:
         loss = B * (3 + 3 * layers[-1] + LOSS_UNIT_EXTRA_CYCLES)
@@ -741,6 +747,8 @@ def command_cycle_bound(build, layers, batch, train=True, settings=None):
     step's settings. Raises ConfigError for a shape or batch the build's registers cannot
     hold (memory limits are not checked: check_network does)."""
     return sum(command_cycle_bounds(build, layers, batch, train, settings).values())
+
+
 CONTROL_TRAIN = 1
 CONTROL_INFER = 2
 CONTROL_CLEAR_COUNTERS = 4
