@@ -291,6 +291,16 @@ class Build:
         """dX scratch entries: the widest hidden layer for the batch (0 for one layer)."""
         return batch * max(layers[1:-1], default=0)
 
+    def max_command_cycles(self):
+        """An upper bound on the cycles of any train or infer command this build accepts: the
+        bound of command_cycle_bound for the largest command the registers can describe
+        (max_layers layers, every width max_width, batch max_batch), memory limits ignored.
+        Every term of that bound grows with each width, the batch and the layer count, so it
+        bounds every legal command; it sizes the command watchdog's limit register."""
+        layers = [self.max_width] * (self.max_layers + 1)
+        return max(command_cycle_bound(self, layers, self.max_batch, train=train)
+                   for train in (True, False))
+
 
 BUILDS = {
     "sim": Build(),
@@ -572,6 +582,186 @@ def check_command(build, regs, layer_fields, train, labels_written):
     if train and labels_written & needed != needed:
         return "labels"
     return None
+
+
+# --- Cycle bound of one command (for a watchdog) -----------------------------------------------
+#: Cycles of one sample in the loss unit (ember_hw.loss.SoftmaxGradUnit.cycles), beyond 3 per
+#: class: its restoring divider's steps (one per quotient bit of floor(2**RECIP_BITS / S),
+#: S >= EXP2_TABLE[0]) and 6 cycles of pipeline.
+LOSS_UNIT_EXTRA_CYCLES = (RECIP_BITS - (EXP2_TABLE[0].bit_length() - 1) + 1) + 6
+#: The sequencer's phase counters (COUNTERS) that command_cycle_bounds bounds, one bound per
+#: group (the weight-gradient pass and its updates overlap, so they share one).
+CYCLE_PHASES = (("cycles_forward",), ("cycles_loss",), ("cycles_select",),
+                ("cycles_input_grad",), ("cycles_weight_grad", "cycles_update"))
+
+
+def command_cycle_bounds(build, layers, batch, train=True, settings=None):
+    """Upper bounds on the busy cycles of one command, per group of phase counters
+    (CYCLE_PHASES -> cycles): what the engine's sequencer (ember_hw.engine, FSM "seq") can
+    take at most in the states each group counts, for the network `layers` (widths, input
+    first) at batch `batch` on `build`. Their sum bounds the `cycles` counter's increase.
+
+    settings None: valid for every StepSettings the build's units can take (zero skip, any
+    update_mask, PSG absolute or relative with any psg_tau, any keep_q8 with top-k or random
+    selection) and any data. A StepSettings: valid for that step's settings and any data
+    (tighter: no PSG or ssProp terms unless the step uses them, no pass the update mask
+    leaves out).
+
+    Notation: P = build.lanes; B = batch; per layer l (input side first) K = layers[l],
+    N = layers[l + 1], nb = ceil(N / P); M = the serial multiplier's steps, the bits of a
+    layer width (descriptor field "inputs"); N_top = the classes.
+    Each bound below is the largest number of cycles of its states; data-dependent states
+    are taken at their longest (zero skipping shortens only IG_RUN; PSG and ssProp terms are
+    their worst case), waits on a unit at the unit's longest (its docstring's timing):
+
+    cycles_forward (DESC_FWD, FWD_*, AFTER_FWD; INF_* in an infer command):
+      per layer:  7 (DESC_FWD: 6 descriptor words, one a cycle, and the switch)
+                + 1 for layer 0, else max(1, P - 2) (FWD_LAYER: the writeback unit's last
+                  block of the layer below, busy P + 4 cycles from its hand-over, 8 cycles
+                  earlier)
+                + K + 6 + (B * nb - 1) * max(K + 6, P + 5), per block: FWD_ROW 1, FWD_RUN
+                  K + 4 (K reads and a 4-stage pipeline), FWD_HANDOFF 1; a hand-over but
+                  the layer's first waits for the writeback unit's previous block
+                  (ember_hw.writeback: hand-overs P + 5 cycles apart)
+      then:       P + 5 (FWD_END: the last block's writeback) + 1 (AFTER_FWD)
+      infer:      + B * (N_top + 4) (INF_ROW 1, INF_RUN N_top + 2, INF_WRITE 1 per sample)
+    cycles_loss (train; LOSS_*): B * (3 + 3 * N_top + LOSS_UNIT_EXTRA_CYCLES): LOSS_START,
+      LOSS_GO, LOSS_GO2, then the loss unit's 3 passes over the logits, its divider and
+      pipeline (ember_hw.loss: 3N + 23 from start to done).
+    cycles_select (train; DESC_BWD, BWD_*, SCORE_*, SELECT*, PACK, BWD_NEXT), per layer:
+                  7 (DESC_BWD; not for the output layer) + 1 (BWD_LAYER) + 4 * (M + 1)
+                  (BWD_KEEP, BWD_BK, BWD_BNK, BWD_LAYER2: four serial products of M steps,
+                  each done M + 1 cycles after its start) + 1 (BWD_NEXT)
+      ssProp (keep_q8 < KEEP_ONE, when the layer runs a pass), the longer variant:
+        top-k:    B * N + 2 (SCORE_TOPK: one dY a cycle, 2-stage pipeline)
+                + (S + 1) * (N + 1) + 2 (SELECT, SELECT_WAIT: the selector's S search
+                  passes and its fill pass of N + 1 cycles each; ember_hw.select), where
+                  S = bits(B * 2**(GRAD_BITS - 1)) + 1 (a score sums B magnitudes of
+                  16-bit dY; the search visits its first bit, then each bit from the
+                  scores' highest down)
+                + N + 1 (PACK)
+        random:   N + 1 (SCORE_RANDOM) + the same SELECT and PACK with S = LFSR bits + 1
+    cycles_input_grad (train; IG_*, REQ_*), per layer that runs a pass: 1 (IG_START);
+      per layer l >= 1 whose input gradient runs (some layer below it is updated):
+                  1 (IG_A) + B * K * nb (IG_RUN: one slot per block of each (b, k); a zero
+                  activation, when skipping, takes 1 instead) + 6 (IG_DRAIN: 5 stages)
+                + 1 (REQ_START) + B * K + 5 (REQ_RUN: one dX a cycle, 4-stage pipeline)
+    cycles_weight_grad + cycles_update (train; WG_*, PSG_*, UPD_HANDOFF, WG_WAIT), per
+      layer that runs a pass: 1 (WG_START); per updated layer:
+                  3 * nb (WG_BLOCK, WG_BLOCK2, WG_NEXT_BLOCK)
+                + path + (nb - 1) * max(path, P + 5) + nb * (K - 1) * max(path, P + 8):
+                  each (j, k) is handed to the update unit, whose hand-overs are P + 8
+                  cycles apart (ember_hw.update); a (j, k) takes WG_K 1, WG_FULL B + 4 (a
+                  4-stage pipeline over the batch), UPD_HANDOFF 1: path = B + 6 (with PSG,
+                  WG_LOW B + 4 and PSG_DECIDE 1 before, and the recompute of uncertain
+                  lanes: path = 2 * B + 11), and its hand-over waits out the rest of the P + 8
+                  cycles since the last: none for the first, up to P + 5 - path after the 3
+                  block states of a new block, P + 8 - path within a block; ssProp's empty
+                  blocks take their 3 states and no (j, k), so the worst is every block kept,
+                  and with a step's keep ratio nb is min(nb, kept channels) in the (j, k)
+                  terms here and below
+                + P + 7 (WG_WAIT: the last update)
+      PSG relative (its first pass finds the largest |prediction|):
+                + 3 * nb + nb * K * (B + P + 7) (WG_K 1, WG_LOW B + 4, PSG_DECIDE 1,
+                  PSG_MAX P, WG_NEXT_K 1)
+
+    No state waits on anything but these units and counters, and every loop runs a count
+    fixed by the widths and the batch, so no legal command runs longer. For a dense step
+    (no PSG, no ssProp, every layer updated, zero skip off) and for inference every term is
+    exact: with `settings` the bound equals the command's cycles; without, the PSG and
+    ssProp worst cases are included (relative PSG with tau 0 recomputes every lane after
+    its extra pass: about 3 times the dense weight-gradient pass at batch 16, and 2.1 times
+    a dense step of 64-32-10, which no bound for every setting can be below). Plain integer
+    arithmetic, no numpy.
+    """
+    layers = list(layers)
+    if len(layers) < 2:
+        raise ConfigError(f"a network needs at least 2 widths (input and output); got {layers}")
+    if len(layers) - 1 > build.max_layers:
+        raise ConfigError(f"network {layers} has {len(layers) - 1} layers; build "
+                          f"'{build.name}' holds at most {build.max_layers}")
+    for i, w in enumerate(layers):
+        if not isinstance(w, int) or not 1 <= w <= build.max_width:
+            raise ConfigError(f"width {i} of {layers} is {w!r}; build '{build.name}' takes "
+                              f"widths 1..{build.max_width}")
+    if not isinstance(batch, int) or not 1 <= batch <= build.max_batch:
+        raise ConfigError(f"batch size {batch!r} is outside 1..{build.max_batch} "
+                          f"(build '{build.name}')")
+    P, B = build.lanes, batch
+    n_layers = len(layers) - 1
+    M = build.descriptor_fields()["inputs"].bits
+    has = set(build.features)
+    if settings is None:
+        wgrad = [True] * n_layers
+        igrad = [l > 0 for l in range(n_layers)]
+        psg, psg_relative = "psg" in has, "psg" in has
+        ssprop, ssprop_random = "ssprop" in has, "ssprop_random" in has
+        topk = ssprop
+    else:
+        mask = settings.mask(n_layers)
+        wgrad = list(mask)
+        igrad = [l > 0 and any(mask[:l]) for l in range(n_layers)]
+        psg, psg_relative = settings.psg, settings.psg and settings.psg_relative
+        ssprop = settings.keep_q8 < KEEP_ONE
+        ssprop_random = ssprop and settings.ssprop_random
+        topk = ssprop and not settings.ssprop_random
+
+    def select_passes(largest_score):
+        # the selector's first pass, then one per bit from the scores' highest down to bit 0
+        return largest_score.bit_length() + 1
+
+    forward = loss = select = input_grad = weight_grad = 0
+    for l in range(n_layers):
+        K, N = layers[l], layers[l + 1]
+        nb = build.blocks(N)
+        # blocks with a kept channel: with a step's keep ratio, at most one per kept channel
+        kept_blocks = nb
+        if settings is not None and ssprop:
+            kept_blocks = min(nb, max(1, N * settings.keep_q8 >> (KEEP_ONE.bit_length() - 1)))
+        forward += 7 + (1 if l == 0 else max(1, P - 2)) + K + 6 \
+            + (B * nb - 1) * max(K + 6, P + 5)
+        if not train:
+            continue
+        select += (7 if l < n_layers - 1 else 0) + 1 + 4 * (M + 1) + 1
+        if not (wgrad[l] or igrad[l]):
+            continue
+        if ssprop:
+            chosen = []
+            if topk:
+                s = select_passes(B << (GRAD_BITS - 1))
+                chosen.append(B * N + 2 + (s + 1) * (N + 1) + 2 + N + 1)
+            if ssprop_random:
+                s = select_passes((1 << LFSR_TAPS.bit_length()) - 1)
+                chosen.append(N + 1 + (s + 1) * (N + 1) + 2 + N + 1)
+            select += max(chosen)
+        input_grad += 1
+        if igrad[l]:
+            input_grad += 1 + B * K * nb + 6 + 1 + B * K + 5
+        weight_grad += 1            # WG_START, which ends a layer of input gradient only
+        if wgrad[l]:
+            path = 2 * B + 11 if psg else B + 6
+            weight_grad += 3 * nb + path + (kept_blocks - 1) * max(path, P + 5) \
+                + kept_blocks * (K - 1) * max(path, P + 8) + P + 7
+            if psg_relative:
+                weight_grad += 3 * nb + kept_blocks * K * (B + P + 7)
+    forward += P + 5 + 1
+    if train:
+        loss = B * (3 + 3 * layers[-1] + LOSS_UNIT_EXTRA_CYCLES)
+    else:
+        forward += B * (layers[-1] + 4)
+    return dict(zip(CYCLE_PHASES, (forward, loss, select, input_grad, weight_grad)))
+
+
+def command_cycle_bound(build, layers, batch, train=True, settings=None):
+    """An upper bound on the cycles (the `cycles` counter's increase, busy cycles) of one
+    train (`train` true) or infer command of the network `layers` at batch `batch` on
+    `build`: the sum of command_cycle_bounds, whose docstring gives the formula per phase.
+    settings None: valid for every step setting and any data; a StepSettings: for that
+    step's settings. Raises ConfigError for a shape or batch the build's registers cannot
+    hold (memory limits are not checked: check_network does)."""
+    return sum(command_cycle_bounds(build, layers, batch, train, settings).values())
+
+
 CONTROL_TRAIN = 1
 CONTROL_INFER = 2
 CONTROL_CLEAR_COUNTERS = 4
