@@ -50,7 +50,10 @@ def descriptor_writes(layers, build, batch, shifts=None):
     """(address, value) writes that configure the network for batches of `batch` samples."""
     desc = layout(layers, build)
     spec.check_network(layers, build, batch)
-    writes = [(reg("layers"), len(desc)), (reg("batch"), batch)]
+    # the watchdog's limit: the most cycles a command of this network and batch can take,
+    # whatever its settings (a build without the watchdog unit drops the write)
+    bound = max(spec.command_cycle_bound(build, layers, batch, train) for train in (True, False))
+    writes = [(reg("layers"), len(desc)), (reg("batch"), batch), (reg("watchdog"), bound)]
     for l, d in enumerate(desc):
         values = {"inputs": d["inputs"], "outputs": d["outputs"],
                   "weight_base": d["weight_base"], "act_base": d["act_offset"] * batch,

@@ -236,10 +236,6 @@ class Build:
     def blocks(self, width):
         return -(-width // self.lanes)
 
-    def max_command_cycles(self):
-        """PLACEHOLDER until command_cycle_bound lands (branch cycle-bound)."""
-        return (1 << 32) - 1
-
     def settings(self):
         """The read-write registers (REGISTERS' "rw" entries, in that order) as Settings: the
         one table of their widths and legal ranges on this build."""
