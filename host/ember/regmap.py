@@ -168,7 +168,10 @@ def register_map():
                                for name, build in spec.BUILDS.items()},
         "flags": {f: 1 << i for i, f in enumerate(spec.FLAG_BITS)},
         "control": {"train": spec.CONTROL_TRAIN, "infer": spec.CONTROL_INFER,
-                    "clear_counters": spec.CONTROL_CLEAR_COUNTERS},
+                    "clear_counters": spec.CONTROL_CLEAR_COUNTERS, "abort": spec.CONTROL_ABORT},
+        # STOPPED's fields: lowest bit and width
+        "stop_fields": {name: {"lo": lo, "bits": bits}
+                        for name, (lo, bits) in spec.STOP_FIELDS.items()},
         "status": {name: code for name, code in spec.LINK_STATUS.items()},
         # REJECTED reads 1 + the index of the check a refused command failed
         "command_checks": list(spec.COMMAND_CHECKS),
