@@ -190,8 +190,8 @@ def test_loss_unit_term_is_the_units_timing():
 
 def test_bound_refuses_shapes_the_build_cannot_hold():
     b = spec.DEFAULT_BUILD
-    with pytest.raises(ConfigError, match="width 1 of .* is 2000; build 'sim' takes widths "
-                                          r"1\.\.1024"):
+    with pytest.raises(ConfigError, match="width 1 of .* is 2000; build 'sim' holds at most "
+                                          "1024 per layer"):
         spec.command_cycle_bound(b, [4, 2000, 3], 2)
     with pytest.raises(ConfigError, match=r"batch size 65 is outside 1\.\.64"):
         spec.command_cycle_bound(b, [4, 3], 65)

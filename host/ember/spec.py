@@ -330,8 +330,10 @@ class ConfigError(ValueError):
     the offending value and the limit; nothing on the device has been changed."""
 
 
-def check_network(layers, build=DEFAULT_BUILD, batch=None):
-    """Raise ConfigError unless `layers` (widths, input first) fits `build`."""
+def _check_shape(layers, build, batch=None):
+    """Raise ConfigError unless the registers of `build` can describe `layers` (widths, input
+    first) and `batch` (if given): the layer count, each width and the batch size, memories
+    aside. Returns the widths as a list."""
     layers = list(layers)
     if len(layers) < 2:
         raise ConfigError(f"a network needs at least 2 widths (input and output); got {layers}")
@@ -344,6 +346,15 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
         if w > build.max_width:
             raise ConfigError(f"width {i} of {layers} is {w}; build '{build.name}' holds at "
                               f"most {build.max_width} per layer")
+    if batch is not None and (not isinstance(batch, int) or not 1 <= batch <= build.max_batch):
+        raise ConfigError(f"batch size {batch!r} is outside 1..{build.max_batch} "
+                          f"(build '{build.name}')")
+    return layers
+
+
+def check_network(layers, build=DEFAULT_BUILD, batch=None):
+    """Raise ConfigError unless `layers` (widths, input first) fits `build`."""
+    layers = _check_shape(layers, build, batch)
     if layers[-1] < 2:
         raise ConfigError(f"the output layer has {layers[-1]} neurons; classification needs 2 "
                           "or more")
@@ -352,9 +363,6 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
         raise ConfigError(f"network {layers} needs {words} weight words; build '{build.name}' "
                           f"holds {build.weight_words} (lanes={build.lanes})")
     if batch is not None:
-        if not 1 <= batch <= build.max_batch:
-            raise ConfigError(f"batch size {batch} is outside 1..{build.max_batch} "
-                              f"(build '{build.name}')")
         need = build.act_bytes_needed(layers, batch)
         if need > build.act_bytes:
             raise ConfigError(f"network {layers} with batch {batch} needs {need} activation "
@@ -670,19 +678,7 @@ def command_cycle_bounds(build, layers, batch, train=True, settings=None):
     a dense step of 64-32-10, which no bound for every setting can be below). Plain integer
     arithmetic, no numpy.
     """
-    layers = list(layers)
-    if len(layers) < 2:
-        raise ConfigError(f"a network needs at least 2 widths (input and output); got {layers}")
-    if len(layers) - 1 > build.max_layers:
-        raise ConfigError(f"network {layers} has {len(layers) - 1} layers; build "
-                          f"'{build.name}' holds at most {build.max_layers}")
-    for i, w in enumerate(layers):
-        if not isinstance(w, int) or not 1 <= w <= build.max_width:
-            raise ConfigError(f"width {i} of {layers} is {w!r}; build '{build.name}' takes "
-                              f"widths 1..{build.max_width}")
-    if not isinstance(batch, int) or not 1 <= batch <= build.max_batch:
-        raise ConfigError(f"batch size {batch!r} is outside 1..{build.max_batch} "
-                          f"(build '{build.name}')")
+    layers = _check_shape(layers, build, batch)
     P, B = build.lanes, batch
     n_layers = len(layers) - 1
     M = build.descriptor_fields()["inputs"].bits
