@@ -354,3 +354,41 @@ def test_counter_window_reads_through_the_counter_port():
     i = spec.COUNTERS.index("cycles")
     assert log["lo"] == ([(1, i, 0)] * 3, (1, value & 0xFFFFFFFF))
     assert log["hi"] == ([(1, i, 0)] * 3, (1, value >> 32))
+
+
+def test_a_build_without_the_abort_unit_answers_a_command_when_it_ends():
+    """The iCEBreaker's bank (no abort unit, for lack of logic): a train command's write is held
+    until the command has finished, never deferred; an abort while idle is acknowledged and
+    does nothing."""
+    build = spec.BUILDS["icebreaker"]
+    assert "abort" not in build.features and "watchdog" not in build.features
+    dut = RegisterBank(build)
+    log = {}
+
+    async def bench(ctx):
+        drv = BankDriver(ctx, dut)
+        await configure(drv, build, [64, 32, 10], 4)
+        ctx.set(dut.sel, 1)
+        ctx.set(dut.write, 1)
+        ctx.set(dut.addr, regmap.reg("control"))
+        ctx.set(dut.w_data, spec.CONTROL_TRAIN)
+        started = None
+        for cycle in range(100):
+            if ctx.get(dut.ack):
+                log["answered"], log["defer"] = cycle - started, ctx.get(dut.defer)
+                break
+            await ctx.tick()
+            if ctx.get(dut.start_train):
+                started = cycle
+                ctx.set(dut.busy, 1)
+            if started is not None and cycle == started + 5:
+                ctx.set(dut.busy, 0)
+        await ctx.tick()
+        ctx.set(dut.sel, 0)
+        await ctx.tick()
+        log["abort"] = (await drv.access(regmap.reg("control"), spec.CONTROL_ABORT))[0]
+        log["abort_strobe"] = ctx.get(dut.abort)
+
+    run(dut, bench)
+    assert log["answered"] == 6 and log["defer"] == 0     # the first cycle with busy low
+    assert log["abort"] == ("ok", 0) and log["abort_strobe"] == 0

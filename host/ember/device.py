@@ -228,7 +228,8 @@ class EngineDevice(Device):
         try:
             self.link.write_words(regmap.reg("control"), [control])
         except KeyboardInterrupt:
-            self.abort()
+            if "abort" in self.build.features:
+                self.abort()
             raise
         except LinkError as e:
             if e.status in ("aborted", "watchdog"):
@@ -248,7 +249,11 @@ class EngineDevice(Device):
         """Stop the command the device is running, if any, and return once it has ended. The
         device answers an abort at once, even mid-command; the command stops before its first
         weight write, or else runs to its end (docs/protocol.md, section 10). STOPPED then says
-        whether it stopped; a device that ran no command does nothing."""
+        whether it stopped; a device that ran no command does nothing. A build without the
+        abort unit (the iCEBreaker's) raises ConfigError: it finishes every command it starts."""
+        if "abort" not in self.build.features:
+            raise ConfigError(f"build '{self.build.name}' has no abort unit (its features: "
+                              f"{', '.join(self.build.features)}); its commands run to their end")
         status = regmap.reg("status")
         self.link.write_words(regmap.reg("control"), [spec.CONTROL_ABORT])
         deadline = time.monotonic() + self.command_timeout

@@ -131,10 +131,13 @@ SPRAM_BLOCKS = 4
 #: settings that need a missing unit before it writes anything.
 #: command_check is the engine's own check of every command against the build's memories
 #: (ember_hw.stepcheck.StepCheck, COMMAND_CHECKS); a build without it checks only "layers"
-#: and "batch" (no command can hang), and trusts its host for the rest. watchdog is the
-#: sequencer's cycle limit per command (the `watchdog` setting, docs/protocol.md section 10);
-#: a build without it has no such register and stops a command only on an abort.
-FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random", "command_check", "watchdog")
+#: and "batch" (no command can hang), and trusts its host for the rest. abort: the link
+#: stays open while a command runs (STATUS, counters) and CONTROL_ABORT stops it (docs/
+#: protocol.md section 10); a build without it answers a command's write when the command has
+#: finished and takes no frame meanwhile. watchdog (needs abort): the sequencer's cycle limit
+#: per command (the `watchdog` setting); a build without it has no such register.
+FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random", "command_check", "abort",
+            "watchdog")
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,9 @@ class Build:
                               f"known: {', '.join(FEATURES)}")
         if "ssprop_random" in self.features and "ssprop" not in self.features:
             raise ConfigError(f"build '{self.name}': ssprop_random needs ssprop")
+        if "watchdog" in self.features and "abort" not in self.features:
+            raise ConfigError(f"build '{self.name}': watchdog needs abort (its stop answers "
+                              "the command's deferred write)")
         if self.lanes < 2 or self.lanes & (self.lanes - 1):
             raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
         if self.weight_spram and (self.lanes > SPRAM_BLOCKS or self.weight_words > SPRAM_WORDS):

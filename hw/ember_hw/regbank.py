@@ -28,7 +28,8 @@ What it holds, at the word offsets of ``spec.REGISTERS`` and ``spec.LAYER_BASE``
   backend sees the same link traffic, and the bus stays free meanwhile. A CONTROL word with
   the abort bit is always acknowledged at once and registers ``abort`` if a command runs.
   While a command runs (``busy``), or its answer is still owed (``owing``), no other command
-  starts (``busy`` answer);
+  starts (``busy`` answer). A build without the abort unit (spec.FEATURES) holds a command's
+  write until the command has finished instead, and acknowledges an abort while idle;
 - labels: ``classes`` (the last layer's outputs) for the engine's check of arriving labels,
   and which label words (``label_written``, ``label_word``) have been written since it last
   changed, for the command check;
@@ -268,8 +269,14 @@ class RegisterBank(wiring.Component):
             with m.Else():
                 m.d.comb += ack(getattr(self.settings, name))
 
+        # With the abort unit a command's write is acknowledged with `defer` when it starts;
+        # without it (v1's way, for a build short of logic) the write is held until the
+        # command has finished (cmd_pending) and the bridge takes no frame meanwhile.
+        has_abort = "abort" in self.build.features
+        cmd_pending = Signal()
+
         def verdict():
-            """The check's verdict: refuse, or start the command (its answer deferred)."""
+            """The check's verdict: refuse, or start the command."""
             m.d.sync += [checking.eq(0), rejected.eq(check.failed)]
             with m.If(check.failed != 0):
                 m.d.comb += err("bad_value")
@@ -277,19 +284,32 @@ class RegisterBank(wiring.Component):
                 m.d.sync += [self.start_train.eq(self.w_data[0]),
                              self.start_infer.eq(self.w_data[1]),
                              self.clear_counters.eq(self.w_data[2])]
-                m.d.comb += ack() + [self.defer.eq(1)]
+                if has_abort:
+                    m.d.comb += ack() + [self.defer.eq(1)]
+                else:
+                    m.d.sync += cmd_pending.eq(1)
 
         abort_bit = spec.CONTROL_ABORT.bit_length() - 1
 
         def control():
             command = self.w_data[:2] != 0
             with m.If(write):
-                with m.If(self.w_data[abort_bit]):
-                    # always answered; it stops the running command (nothing while idle)
-                    m.d.comb += ack()
-                    m.d.sync += self.abort.eq(self.busy)
-                with m.Elif(self.busy | (command & self.owing)):
-                    m.d.comb += err("busy")
+                if has_abort:
+                    with m.If(self.w_data[abort_bit]):
+                        # always answered; it stops the running command (nothing while idle)
+                        m.d.comb += ack()
+                        m.d.sync += self.abort.eq(self.busy)
+                    with m.Elif(self.busy | (command & self.owing)):
+                        m.d.comb += err("busy")
+                else:
+                    with m.If(cmd_pending):
+                        with m.If(~self.busy & ~self.start_train & ~self.start_infer):
+                            m.d.comb += ack()
+                            m.d.sync += cmd_pending.eq(0)
+                    with m.Elif(self.busy):
+                        m.d.comb += err("busy")
+                    with m.Elif(self.w_data[abort_bit]):
+                        m.d.comb += ack()       # no command runs: nothing to stop
                 with m.Elif(checking):
                     with m.If(check.done):
                         verdict()
