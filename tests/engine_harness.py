@@ -8,6 +8,17 @@ from ember import regmap, spec
 from ember.golden import GoldenModel
 
 
+_STATUS_NAMES = {v: k for k, v in spec.LINK_STATUS.items()}
+
+
+class BusError(RuntimeError):
+    """The engine answered an access (or a command's end) with an error status."""
+
+    def __init__(self, status, addr):
+        super().__init__(f"bus error {status} at {addr:#x}")
+        self.status, self.addr = status, addr
+
+
 class BusDriver:
     """Async word reads and writes on EngineCore's bus, from an Amaranth testbench."""
 
@@ -26,15 +37,33 @@ class BusDriver:
             if ctx.get(bus.ack) or ctx.get(bus.err):
                 error = ctx.get(bus.err)
                 value = ctx.get(bus.r_data)
+                deferred = ctx.get(bus.defer)
                 await ctx.tick()
                 ctx.set(bus.w_stb, 0)
                 ctx.set(bus.r_stb, 0)
                 if error:
-                    status = {v: k for k, v in spec.LINK_STATUS.items()}[value & 0xFF]
-                    raise RuntimeError(f"bus error {status} at {addr:#x}")
+                    raise BusError(_STATUS_NAMES[value & 0xFF], addr)
+                if deferred:
+                    await self._command_end(addr)
                 return value
             await ctx.tick()
         raise TimeoutError(f"no answer at {addr:#x}")
+
+    async def _command_end(self, addr):
+        """A write that started a command (bus.defer): owe its answer until the command ends
+        (bus.cmd_done), as the link bridge does; a stopped command raises BusError."""
+        ctx, bus = self.ctx, self.bus
+        ctx.set(bus.owing, 1)
+        for _ in range(self.timeout):
+            if ctx.get(bus.cmd_done):
+                status = ctx.get(bus.cmd_status)
+                await ctx.tick()
+                ctx.set(bus.owing, 0)
+                if status != spec.LINK_STATUS["ok"]:
+                    raise BusError(_STATUS_NAMES[status], addr)
+                return
+            await ctx.tick()
+        raise TimeoutError(f"the command started at {addr:#x} did not end")
 
     async def write(self, addr, value):
         await self._access(addr, value)

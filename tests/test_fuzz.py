@@ -218,8 +218,12 @@ def test_model_fuzz_answers_by_the_rules_and_changes_nothing():
     assert report["frames"] >= 20_000 and checker.units == report["units"]
     assert (report["exceptions"], report["hangs"], report["corruptions"]) == (0, 0, 0), report
     assert min(report["frames_per_class"].values()) > 300, report["frames_per_class"]
+    aborts = report["aborts"]
     assert report["state_checks"] >= 20 and report["training_steps"] == \
-        report["state_checks"] + 1
+        report["state_checks"] + aborts["units"] + 1
+    # the model has no clock: its step has ended before the abort arrives, every time
+    assert aborts["units"] == report["state_checks"] - 1 and \
+        aborts["completed"] == {"model": aborts["units"]} and aborts["aborted"] == {}
     # every check of section 4 and every outcome of execution came up
     assert set(checker.rejected) == {"bad_length", "bad_crc", "unknown_command", "duplicate"}
     assert min(checker.rejected.values()) > 300 and min(checker.executed.values()) > 300
@@ -316,3 +320,10 @@ def test_fuzz_model_answers_like_the_board(simulator):
     assert (report["hangs"], report["corruptions"], report["exceptions"]) == (0, 0, 0), report
     assert all(report["units_per_class"].values()), report["units_per_class"]
     assert report["state_checks"] >= BOARD_FRAMES[simulator] // 25 // 3
+    # aborts in the middle of a step: the board stopped some steps and finished others (an
+    # abort after the first weight write), each with the weights the rules allow
+    aborts = report["aborts"]
+    assert aborts["completed"]["model"] == aborts["units"] > 0, aborts
+    if simulator == "verilator":
+        assert aborts["aborted"].get(simulator, 0) > 0 and \
+            aborts["completed"].get(simulator, 0) > 0, aborts

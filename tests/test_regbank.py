@@ -208,8 +208,9 @@ def test_left_out_units_have_constant_settings():
 
 
 def test_control_busy_and_descriptor_loads():
-    """CONTROL registers its strobes for one cycle and answers a train command only once the
-    command has finished; settings and descriptors answer `busy` while a command runs; a
+    """CONTROL registers its strobes for one cycle and acknowledges a train command with
+    `defer` (its answer owed until the command ends), starts none while one is owed, and always
+    takes an abort; settings and descriptors answer `busy` while a command runs; a
     descriptor read waits while the sequencer loads one, whose word arrives the cycle after
     its address; batch and layer 0's inputs raise limit_changed."""
     dut = RegisterBank(SMALL)
@@ -257,32 +258,50 @@ def test_control_busy_and_descriptor_loads():
         ctx.set(dut.w_data, spec.CONTROL_TRAIN | spec.CONTROL_CLEAR_COUNTERS)
         strobes, answered, started = [], None, None
         for cycle in range(400):
+            assert not ctx.get(dut.err)
+            acked = ctx.get(dut.ack) and answered is None
+            if acked:
+                answered, log["defer"] = cycle, ctx.get(dut.defer)
             await ctx.tick()
+            if acked:
+                ctx.set(dut.sel, 0)         # the master drops its strobe after the answer
             strobes.append((ctx.get(dut.start_train), ctx.get(dut.start_infer),
                             ctx.get(dut.clear_counters)))
             if ctx.get(dut.start_train):
                 started = cycle
-                ctx.set(dut.busy, 1)        # the sequencer starts
-            if started is not None and cycle == started + 6:
-                ctx.set(dut.busy, 0)        # ... and finishes
-            assert not ctx.get(dut.err)
-            if ctx.get(dut.ack):
-                answered = cycle
+            if started is not None and cycle == started + 3:
                 break
-        await ctx.tick()
-        ctx.set(dut.sel, 0)
-        await ctx.tick()
         log["strobes"] = strobes[started:started + 3]
         log["before"] = set(strobes[:started])
         log["answered"] = answered - started
         log["rejected"] = (await drv.access(regmap.reg("rejected")))[0]
+        # the command's answer is owed: no other command starts, a counter clear does
+        ctx.set(dut.owing, 1)
+        log["owing"] = [(await drv.access(regmap.reg("control"), v))[0][0]
+                        for v in (spec.CONTROL_TRAIN, spec.CONTROL_CLEAR_COUNTERS)]
+        ctx.set(dut.owing, 0)
         # busy answers
         ctx.set(dut.busy, 1)
         log["busy"] = [(await drv.access(a, 1))[0][0] for a in
                        (regmap.reg("batch"), regmap.layer_field(0, "shift"),
                         regmap.reg("control"))]
         log["status"] = (await drv.access(regmap.reg("status")))[0]
+        # an abort is answered at once, busy or not; it strobes `abort` only while busy
+        aborts = []
+        for busy in (1, 0):
+            ctx.set(dut.busy, busy)
+            ctx.set(dut.sel, 1)
+            ctx.set(dut.write, 1)
+            ctx.set(dut.addr, regmap.reg("control"))
+            ctx.set(dut.w_data, spec.CONTROL_ABORT | spec.CONTROL_TRAIN)
+            answer = (ctx.get(dut.ack), ctx.get(dut.err), ctx.get(dut.defer))
+            await ctx.tick()
+            ctx.set(dut.sel, 0)
+            aborts.append((answer, ctx.get(dut.abort), ctx.get(dut.start_train)))
+            await ctx.tick()
+            assert not ctx.get(dut.abort)
         ctx.set(dut.busy, 0)
+        log["aborts"] = aborts
 
     run(dut, bench)
     assert log["limit_inputs"] == 1 and log["limit_other"] == 0
@@ -292,10 +311,13 @@ def test_control_busy_and_descriptor_loads():
     assert waited == 5 and answer == ("ok", 23) and cycles == 1
     assert log["strobes"] == [(1, 0, 1), (0, 0, 0), (0, 0, 0)]
     assert log["before"] == {(0, 0, 0)}  # nothing happens while the command is checked
-    assert log["answered"] == 6          # the first cycle with busy low again
+    # acknowledged in the cycle before the strobes, deferred: answered when the command ends
+    assert log["answered"] == 0 and log["defer"] == 1
     assert log["rejected"] == ("ok", 0)
+    assert log["owing"] == ["busy", "ok"]
     assert log["busy"] == ["busy", "busy", "busy"]
     assert log["status"] == ("ok", 1)
+    assert log["aborts"] == [((1, 0, 0), 1, 0), ((1, 0, 0), 0, 0)]
 
 
 def test_counter_window_reads_through_the_counter_port():
@@ -332,3 +354,41 @@ def test_counter_window_reads_through_the_counter_port():
     i = spec.COUNTERS.index("cycles")
     assert log["lo"] == ([(1, i, 0)] * 3, (1, value & 0xFFFFFFFF))
     assert log["hi"] == ([(1, i, 0)] * 3, (1, value >> 32))
+
+
+def test_a_build_without_the_abort_unit_answers_a_command_when_it_ends():
+    """The iCEBreaker's bank (no abort unit, for lack of logic): a train command's write is held
+    until the command has finished, never deferred; an abort while idle is acknowledged and
+    does nothing."""
+    build = spec.BUILDS["icebreaker"]
+    assert "abort" not in build.features and "watchdog" not in build.features
+    dut = RegisterBank(build)
+    log = {}
+
+    async def bench(ctx):
+        drv = BankDriver(ctx, dut)
+        await configure(drv, build, [64, 32, 10], 4)
+        ctx.set(dut.sel, 1)
+        ctx.set(dut.write, 1)
+        ctx.set(dut.addr, regmap.reg("control"))
+        ctx.set(dut.w_data, spec.CONTROL_TRAIN)
+        started = None
+        for cycle in range(100):
+            if ctx.get(dut.ack):
+                log["answered"], log["defer"] = cycle - started, ctx.get(dut.defer)
+                break
+            await ctx.tick()
+            if ctx.get(dut.start_train):
+                started = cycle
+                ctx.set(dut.busy, 1)
+            if started is not None and cycle == started + 5:
+                ctx.set(dut.busy, 0)
+        await ctx.tick()
+        ctx.set(dut.sel, 0)
+        await ctx.tick()
+        log["abort"] = (await drv.access(regmap.reg("control"), spec.CONTROL_ABORT))[0]
+        log["abort_strobe"] = ctx.get(dut.abort)
+
+    run(dut, bench)
+    assert log["answered"] == 6 and log["defer"] == 0     # the first cycle with busy low
+    assert log["abort"] == ("ok", 0) and log["abort_strobe"] == 0

@@ -125,7 +125,7 @@ def test_command_check_matches_the_golden_check(build):
     assert seen == expected, sorted(expected - seen)
 
 
-@pytest.mark.parametrize("build, cycles", [(spec.BUILDS["sim"], 74), (ICEBREAKER, 89),
+@pytest.mark.parametrize("build, cycles", [(spec.BUILDS["sim"], 72), (ICEBREAKER, 89),
                                            (spec.BUILDS["icebreaker"], 2)],
                          ids=["sim", "icebreaker_checked", "icebreaker"])
 def test_check_cycles_for_the_digits_network(build, cycles):

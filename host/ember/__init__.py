@@ -16,10 +16,11 @@ __version__ = "0.1.0"
 from .api import (EnergyReport, Network, load_checkpoint, load_dataset,  # noqa: E402
                   open_device, train)
 from .data import SCALINGS, Dataset  # noqa: E402
+from .device import CommandStopped  # noqa: E402
 from .policies import PRESETS, TrainConfig, make_config  # noqa: E402
 from .protocol import LinkError  # noqa: E402
 from .spec import ConfigError  # noqa: E402
 
 __all__ = ["open_device", "load_dataset", "train", "load_checkpoint", "Network",
            "EnergyReport", "Dataset", "TrainConfig", "make_config", "PRESETS", "SCALINGS",
-           "ConfigError", "LinkError", "__version__"]
+           "ConfigError", "LinkError", "CommandStopped", "__version__"]

@@ -10,6 +10,7 @@ the device unchanged.
 """
 
 import abc
+import time
 
 import numpy as np
 
@@ -19,6 +20,19 @@ from .spec import ConfigError, StepSettings
 from .protocol import LinkError
 
 BACKENDS = ("model", "sim", "board")
+
+
+class CommandStopped(RuntimeError):
+    """A train or infer command that the device stopped before its end (docs/protocol.md
+    section 10): `status` is "aborted" (an abort; the weights are as they were before the
+    command) or "watchdog" (it ran longer than the `watchdog` register allows); `stopped` is
+    the STOPPED register's fields (spec.STOP_FIELDS): with weights_changed set, layers below
+    `layer` keep their weights from before the command, the layers above it have its update
+    and `layer` may have part of it."""
+
+    def __init__(self, message, status, stopped):
+        super().__init__(message)
+        self.status, self.stopped = status, stopped
 
 
 class Device(abc.ABC):
@@ -204,12 +218,22 @@ class EngineDevice(Device):
     def _run(self, control):
         """Start a command; the engine answers the write when the command has finished. A
         command the engine's own check refuses (bad_value; the host's checks should have
-        caught it first) raises ConfigError naming the check (REJECTED)."""
+        caught it first) raises ConfigError naming the check (REJECTED); one the device
+        stopped raises CommandStopped. Interrupted (Ctrl-C) while the command runs, the host
+        aborts it and waits for its answer before it lets the interrupt go on, so the device
+        is left idle and, if the command had not yet written a weight, untouched."""
         timeout = self.link.timeout
         self.link.timeout = max(timeout, self.command_timeout)
+        name = "train" if control & spec.CONTROL_TRAIN else "infer"
         try:
             self.link.write_words(regmap.reg("control"), [control])
+        except KeyboardInterrupt:
+            if "abort" in self.build.features:
+                self.abort()
+            raise
         except LinkError as e:
+            if e.status in ("aborted", "watchdog"):
+                raise self._stopped(name, e.status) from e
             if e.status != "bad_value":
                 raise
             check = self.link.read_words(regmap.reg("rejected"), 1)[0]
@@ -220,6 +244,37 @@ class EngineDevice(Device):
                               "changed on it") from e
         finally:
             self.link.timeout = timeout
+
+    def abort(self):
+        """Stop the command the device is running, if any, and return once it has ended. The
+        device answers an abort at once, even mid-command; the command stops before its first
+        weight write, or else runs to its end (docs/protocol.md, section 10). STOPPED then says
+        whether it stopped; a device that ran no command does nothing. A build without the
+        abort unit (the iCEBreaker's) raises ConfigError: it finishes every command it starts."""
+        if "abort" not in self.build.features:
+            raise ConfigError(f"build '{self.build.name}' has no abort unit (its features: "
+                              f"{', '.join(self.build.features)}); its commands run to their end")
+        status = regmap.reg("status")
+        self.link.write_words(regmap.reg("control"), [spec.CONTROL_ABORT])
+        deadline = time.monotonic() + self.command_timeout
+        while self.link.read_words(status, 1)[0] & 1:
+            if time.monotonic() > deadline:
+                raise LinkError(f"the device still runs a command {self.command_timeout:.0f} s "
+                                "after an abort", "busy", self.link.seq)
+
+    def _stopped(self, name, status):
+        fields = spec.stop_fields(self.link.read_words(regmap.reg("stopped"), 1)[0])
+        if status == "aborted":
+            left = "it had written no weight: the device's weights are as before it"
+        elif not fields["weights_changed"]:
+            left = "it had written no weight yet: the device's weights are as before it"
+        else:
+            layer = fields["layer"]
+            left = (f"layers below {layer} keep their weights from before it, the layers "
+                    f"above have its update, layer {layer} may have part of it")
+        why = "aborted" if status == "aborted" else \
+            "stopped by the device's watchdog (it ran longer than the watchdog register allows)"
+        return CommandStopped(f"the {name} command was {why}; {left}", status, fields)
 
     def train_batch(self, x, y, settings=StepSettings()):
         self._need_config()

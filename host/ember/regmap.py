@@ -50,7 +50,10 @@ def descriptor_writes(layers, build, batch, shifts=None):
     """(address, value) writes that configure the network for batches of `batch` samples."""
     desc = layout(layers, build)
     spec.check_network(layers, build, batch)
-    writes = [(reg("layers"), len(desc)), (reg("batch"), batch)]
+    # the watchdog's limit: the most cycles a command of this network and batch can take,
+    # whatever its settings (a build without the watchdog unit drops the write)
+    bound = max(spec.command_cycle_bound(build, layers, batch, train) for train in (True, False))
+    writes = [(reg("layers"), len(desc)), (reg("batch"), batch), (reg("watchdog"), bound)]
     for l, d in enumerate(desc):
         values = {"inputs": d["inputs"], "outputs": d["outputs"],
                   "weight_base": d["weight_base"], "act_base": d["act_offset"] * batch,
@@ -165,7 +168,10 @@ def register_map():
                                for name, build in spec.BUILDS.items()},
         "flags": {f: 1 << i for i, f in enumerate(spec.FLAG_BITS)},
         "control": {"train": spec.CONTROL_TRAIN, "infer": spec.CONTROL_INFER,
-                    "clear_counters": spec.CONTROL_CLEAR_COUNTERS},
+                    "clear_counters": spec.CONTROL_CLEAR_COUNTERS, "abort": spec.CONTROL_ABORT},
+        # STOPPED's fields: lowest bit and width
+        "stop_fields": {name: {"lo": lo, "bits": bits}
+                        for name, (lo, bits) in spec.STOP_FIELDS.items()},
         "status": {name: code for name, code in spec.LINK_STATUS.items()},
         # REJECTED reads 1 + the index of the check a refused command failed
         "command_checks": list(spec.COMMAND_CHECKS),

@@ -131,8 +131,13 @@ SPRAM_BLOCKS = 4
 #: settings that need a missing unit before it writes anything.
 #: command_check is the engine's own check of every command against the build's memories
 #: (ember_hw.stepcheck.StepCheck, COMMAND_CHECKS); a build without it checks only "layers"
-#: and "batch" (no command can hang), and trusts its host for the rest.
-FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random", "command_check")
+#: and "batch" (no command can hang), and trusts its host for the rest. abort: the link
+#: stays open while a command runs (STATUS, counters) and CONTROL_ABORT stops it (docs/
+#: protocol.md section 10); a build without it answers a command's write when the command has
+#: finished and takes no frame meanwhile. watchdog (needs abort): the sequencer's cycle limit
+#: per command (the `watchdog` setting); a build without it has no such register.
+FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random", "command_check", "abort",
+            "watchdog")
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,9 @@ class Build:
                               f"known: {', '.join(FEATURES)}")
         if "ssprop_random" in self.features and "ssprop" not in self.features:
             raise ConfigError(f"build '{self.name}': ssprop_random needs ssprop")
+        if "watchdog" in self.features and "abort" not in self.features:
+            raise ConfigError(f"build '{self.name}': watchdog needs abort (its stop answers "
+                              "the command's deferred write)")
         if self.lanes < 2 or self.lanes & (self.lanes - 1):
             raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
         if self.weight_spram and (self.lanes > SPRAM_BLOCKS or self.weight_words > SPRAM_WORDS):
@@ -247,6 +255,8 @@ class Build:
             Setting("psg_step_shift", 0, WEIGHT_BITS - 2, feature="psg"),
             Setting("keep_q8", 1, KEEP_ONE, init=KEEP_ONE, feature="ssprop"),
             Setting("lfsr_seed", 1, (1 << 16) - 1, init=1, feature="ssprop_random"),
+            Setting("watchdog", 1, self.max_command_cycles(), init=self.max_command_cycles(),
+                    feature="watchdog"),
         )
         return {s.name: s for s in table}
 
@@ -283,6 +293,16 @@ class Build:
         """dX scratch entries: the widest hidden layer for the batch (0 for one layer)."""
         return batch * max(layers[1:-1], default=0)
 
+    def max_command_cycles(self):
+        """An upper bound on the cycles of any train or infer command this build accepts: the
+        bound of command_cycle_bound for the largest command the registers can describe
+        (max_layers layers, every width max_width, batch max_batch), memory limits ignored.
+        Every term of that bound grows with each width, the batch and the layer count, so it
+        bounds every legal command; it sizes the command watchdog's limit register."""
+        layers = [self.max_width] * (self.max_layers + 1)
+        return max(command_cycle_bound(self, layers, self.max_batch, train=train)
+                   for train in (True, False))
+
 
 BUILDS = {
     "sim": Build(),
@@ -316,8 +336,10 @@ class ConfigError(ValueError):
     the offending value and the limit; nothing on the device has been changed."""
 
 
-def check_network(layers, build=DEFAULT_BUILD, batch=None):
-    """Raise ConfigError unless `layers` (widths, input first) fits `build`."""
+def _check_shape(layers, build, batch=None):
+    """Raise ConfigError unless the registers of `build` can describe `layers` (widths, input
+    first) and `batch` (if given): the layer count, each width and the batch size, memories
+    aside. Returns the widths as a list."""
     layers = list(layers)
     if len(layers) < 2:
         raise ConfigError(f"a network needs at least 2 widths (input and output); got {layers}")
@@ -330,6 +352,15 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
         if w > build.max_width:
             raise ConfigError(f"width {i} of {layers} is {w}; build '{build.name}' holds at "
                               f"most {build.max_width} per layer")
+    if batch is not None and (not isinstance(batch, int) or not 1 <= batch <= build.max_batch):
+        raise ConfigError(f"batch size {batch!r} is outside 1..{build.max_batch} "
+                          f"(build '{build.name}')")
+    return layers
+
+
+def check_network(layers, build=DEFAULT_BUILD, batch=None):
+    """Raise ConfigError unless `layers` (widths, input first) fits `build`."""
+    layers = _check_shape(layers, build, batch)
     if layers[-1] < 2:
         raise ConfigError(f"the output layer has {layers[-1]} neurons; classification needs 2 "
                           "or more")
@@ -338,9 +369,6 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
         raise ConfigError(f"network {layers} needs {words} weight words; build '{build.name}' "
                           f"holds {build.weight_words} (lanes={build.lanes})")
     if batch is not None:
-        if not 1 <= batch <= build.max_batch:
-            raise ConfigError(f"batch size {batch} is outside 1..{build.max_batch} "
-                              f"(build '{build.name}')")
         need = build.act_bytes_needed(layers, batch)
         if need > build.act_bytes:
             raise ConfigError(f"network {layers} with batch {batch} needs {need} activation "
@@ -442,6 +470,8 @@ LINK_STATUS = {
     "busy": 0x05,
     "bad_value": 0x06,
     "duplicate": 0x07,
+    "aborted": 0x08,
+    "watchdog": 0x09,
 }
 #: Labels (in) and predictions (out) are 16-bit values, two per bus word.
 LABEL_BITS = 16
@@ -491,14 +521,17 @@ REGISTERS = {
     "psg_step_shift": (0x1E, "rw"),
     "keep_q8": (0x1F, "rw"),
     "lfsr_seed": (0x20, "rw"),
+    "watchdog": (0x21, "rw"),      # the cycles one command may run (Setting "watchdog")
     "rejected": (0x13, "ro"),      # 1 + the COMMAND_CHECKS index the last command failed; 0
+    "stopped": (0x14, "ro"),       # what the last command left if it was stopped: STOP_FIELDS
 }
 #: Layer descriptor l lives at LAYER_BASE + l * LAYER_STRIDE + field offset.
 LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 3              # 3: writes and commands checked in the engine (bad_value)
+ENGINE_VERSION = 4              # 3: writes and commands checked in the engine (bad_value);
+                                # 4: abort, watchdog, the link answers while a command runs
 
 #: The checks a train or infer command passes before it starts, in the order the engine makes
 #: them (ember_hw.stepcheck.StepCheck; the model: check_command). "layers" and "batch" first;
@@ -559,9 +592,195 @@ def check_command(build, regs, layer_fields, train, labels_written):
     if train and labels_written & needed != needed:
         return "labels"
     return None
+
+
+# --- Cycle bound of one command (for a watchdog) -----------------------------------------------
+#: Cycles of one sample in the loss unit (ember_hw.loss.SoftmaxGradUnit.cycles), beyond 3 per
+#: class: its restoring divider's steps (one per quotient bit of floor(2**RECIP_BITS / S),
+#: S >= EXP2_TABLE[0]) and 6 cycles of pipeline.
+LOSS_UNIT_EXTRA_CYCLES = (RECIP_BITS - (EXP2_TABLE[0].bit_length() - 1) + 1) + 6
+#: The sequencer's phase counters (COUNTERS) that command_cycle_bounds bounds, one bound per
+#: group (the weight-gradient pass and its updates overlap, so they share one).
+CYCLE_PHASES = (("cycles_forward",), ("cycles_loss",), ("cycles_select",),
+                ("cycles_input_grad",), ("cycles_weight_grad", "cycles_update"))
+
+
+def command_cycle_bounds(build, layers, batch, train=True, settings=None):
+    """Upper bounds on the busy cycles of one command, per group of phase counters
+    (CYCLE_PHASES -> cycles): what the engine's sequencer (ember_hw.engine, FSM "seq") can
+    take at most in the states each group counts, for the network `layers` (widths, input
+    first) at batch `batch` on `build`. Their sum bounds the `cycles` counter's increase.
+
+    settings None: valid for every StepSettings the build's units can take (zero skip, any
+    update_mask, PSG absolute or relative with any psg_tau, any keep_q8 with top-k or random
+    selection) and any data. A StepSettings: valid for that step's settings and any data
+    (tighter: no PSG or ssProp terms unless the step uses them, no pass the update mask
+    leaves out).
+
+    Notation: P = build.lanes; B = batch; per layer l (input side first) K = layers[l],
+    N = layers[l + 1], nb = ceil(N / P); M = the serial multiplier's steps, the bits of a
+    layer width (descriptor field "inputs"); N_top = the classes.
+    Each bound below is the largest number of cycles of its states; data-dependent states
+    are taken at their longest (zero skipping shortens only IG_RUN; PSG and ssProp terms are
+    their worst case), waits on a unit at the unit's longest (its docstring's timing):
+
+    cycles_forward (DESC_FWD, FWD_*, AFTER_FWD; INF_* in an infer command):
+      per layer:  7 (DESC_FWD: 6 descriptor words, one a cycle, and the switch)
+                + 1 for layer 0, else max(1, P - 2) (FWD_LAYER: the writeback unit's last
+                  block of the layer below, busy P + 4 cycles from its hand-over, 8 cycles
+                  earlier)
+                + K + 6 + (B * nb - 1) * max(K + 6, P + 5), per block: FWD_ROW 1, FWD_RUN
+                  K + 4 (K reads and a 4-stage pipeline), FWD_HANDOFF 1; a hand-over but
+                  the layer's first waits for the writeback unit's previous block
+                  (ember_hw.writeback: hand-overs P + 5 cycles apart)
+      then:       P + 5 (FWD_END: the last block's writeback) + 1 (AFTER_FWD)
+      infer:      + B * (N_top + 4) (INF_ROW 1, INF_RUN N_top + 2, INF_WRITE 1 per sample)
+    cycles_loss (train; LOSS_*): B * (3 + 3 * N_top + LOSS_UNIT_EXTRA_CYCLES): LOSS_START,
+      LOSS_GO, LOSS_GO2, then the loss unit's 3 passes over the logits, its divider and
+      pipeline (ember_hw.loss: 3N + 23 from start to done).
+    cycles_select (train; DESC_BWD, BWD_*, SCORE_*, SELECT*, PACK, BWD_NEXT), per layer:
+                  7 (DESC_BWD; not for the output layer) + 1 (BWD_LAYER) + 4 * (M + 1)
+                  (BWD_KEEP, BWD_BK, BWD_BNK, BWD_LAYER2: four serial products of M steps,
+                  each done M + 1 cycles after its start) + 1 (BWD_NEXT)
+      ssProp (keep_q8 < KEEP_ONE, when the layer runs a pass), the longer variant:
+        top-k:    B * N + 2 (SCORE_TOPK: one dY a cycle, 2-stage pipeline)
+                + (S + 1) * (N + 1) + 2 (SELECT, SELECT_WAIT: the selector's S search
+                  passes and its fill pass of N + 1 cycles each; ember_hw.select), where
+                  S = bits(B * 2**(GRAD_BITS - 1)) + 1 (a score sums B magnitudes of
+                  16-bit dY; the search visits its first bit, then each bit from the
+                  scores' highest down)
+                + N + 1 (PACK)
+        random:   N + 1 (SCORE_RANDOM) + the same SELECT and PACK with S = LFSR bits + 1
+    cycles_input_grad (train; IG_*, REQ_*), per layer that runs a pass: 1 (IG_START);
+      per layer l >= 1 whose input gradient runs (some layer below it is updated):
+                  1 (IG_A) + B * K * nb (IG_RUN: one slot per block of each (b, k); a zero
+                  activation, when skipping, takes 1 instead) + 6 (IG_DRAIN: 5 stages)
+                + 1 (REQ_START) + B * K + 5 (REQ_RUN: one dX a cycle, 4-stage pipeline)
+    cycles_weight_grad + cycles_update (train; WG_*, PSG_*, UPD_HANDOFF, WG_WAIT), per
+      layer that runs a pass: 1 (WG_START); per updated layer:
+                  3 * nb (WG_BLOCK, WG_BLOCK2, WG_NEXT_BLOCK)
+                + path + (nb - 1) * max(path, P + 5) + nb * (K - 1) * max(path, P + 8):
+                  each (j, k) is handed to the update unit, whose hand-overs are P + 8
+                  cycles apart (ember_hw.update); a (j, k) takes WG_K 1, WG_FULL B + 4 (a
+                  4-stage pipeline over the batch), UPD_HANDOFF 1: path = B + 6 (with PSG,
+                  WG_LOW B + 4 and PSG_DECIDE 1 before, and the recompute of uncertain
+                  lanes: path = 2 * B + 11), and its hand-over waits out the rest of the P + 8
+                  cycles since the last: none for the first, up to P + 5 - path after the 3
+                  block states of a new block, P + 8 - path within a block; ssProp's empty
+                  blocks take their 3 states and no (j, k), so the worst is every block kept,
+                  and with a step's keep ratio nb is min(nb, kept channels) in the (j, k)
+                  terms here and below
+                + P + 7 (WG_WAIT: the last update)
+      PSG relative (its first pass finds the largest |prediction|):
+                + 3 * nb + nb * K * (B + P + 7) (WG_K 1, WG_LOW B + 4, PSG_DECIDE 1,
+                  PSG_MAX P, WG_NEXT_K 1)
+
+    No state waits on anything but these units and counters, and every loop runs a count
+    fixed by the widths and the batch, so no legal command runs longer. For a dense step
+    (no PSG, no ssProp, every layer updated, zero skip off) and for inference every term is
+    exact: with `settings` the bound equals the command's cycles; without, the PSG and
+    ssProp worst cases are included (relative PSG with tau 0 recomputes every lane after
+    its extra pass: about 3 times the dense weight-gradient pass at batch 16, and 2.1 times
+    a dense step of 64-32-10, which no bound for every setting can be below). Plain integer
+    arithmetic, no numpy.
+    """
+    layers = _check_shape(layers, build, batch)
+    P, B = build.lanes, batch
+    n_layers = len(layers) - 1
+    M = build.descriptor_fields()["inputs"].bits
+    has = set(build.features)
+    if settings is None:
+        wgrad = [True] * n_layers
+        igrad = [l > 0 for l in range(n_layers)]
+        psg, psg_relative = "psg" in has, "psg" in has
+        ssprop, ssprop_random = "ssprop" in has, "ssprop_random" in has
+        topk = ssprop
+    else:
+        mask = settings.mask(n_layers)
+        wgrad = list(mask)
+        igrad = [l > 0 and any(mask[:l]) for l in range(n_layers)]
+        psg, psg_relative = settings.psg, settings.psg and settings.psg_relative
+        ssprop = settings.keep_q8 < KEEP_ONE
+        ssprop_random = ssprop and settings.ssprop_random
+        topk = ssprop and not settings.ssprop_random
+
+    def select_passes(largest_score):
+        # the selector's first pass, then one per bit from the scores' highest down to bit 0
+        return largest_score.bit_length() + 1
+
+    forward = loss = select = input_grad = weight_grad = 0
+    for l in range(n_layers):
+        K, N = layers[l], layers[l + 1]
+        nb = build.blocks(N)
+        # blocks with a kept channel: with a step's keep ratio, at most one per kept channel
+        kept_blocks = nb
+        if settings is not None and ssprop:
+            kept_blocks = min(nb, max(1, N * settings.keep_q8 >> (KEEP_ONE.bit_length() - 1)))
+        forward += 7 + (1 if l == 0 else max(1, P - 2)) + K + 6 \
+            + (B * nb - 1) * max(K + 6, P + 5)
+        if not train:
+            continue
+        select += (7 if l < n_layers - 1 else 0) + 1 + 4 * (M + 1) + 1
+        if not (wgrad[l] or igrad[l]):
+            continue
+        if ssprop:
+            chosen = []
+            if topk:
+                s = select_passes(B << (GRAD_BITS - 1))
+                chosen.append(B * N + 2 + (s + 1) * (N + 1) + 2 + N + 1)
+            if ssprop_random:
+                s = select_passes((1 << LFSR_TAPS.bit_length()) - 1)
+                chosen.append(N + 1 + (s + 1) * (N + 1) + 2 + N + 1)
+            select += max(chosen)
+        input_grad += 1
+        if igrad[l]:
+            input_grad += 1 + B * K * nb + 6 + 1 + B * K + 5
+        weight_grad += 1            # WG_START, which ends a layer of input gradient only
+        if wgrad[l]:
+            path = 2 * B + 11 if psg else B + 6
+            weight_grad += 3 * nb + path + (kept_blocks - 1) * max(path, P + 5) \
+                + kept_blocks * (K - 1) * max(path, P + 8) + P + 7
+            if psg_relative:
+                weight_grad += 3 * nb + kept_blocks * K * (B + P + 7)
+    forward += P + 5 + 1
+    if train:
+        loss = B * (3 + 3 * layers[-1] + LOSS_UNIT_EXTRA_CYCLES)
+    else:
+        forward += B * (layers[-1] + 4)
+    return dict(zip(CYCLE_PHASES, (forward, loss, select, input_grad, weight_grad)))
+
+
+def command_cycle_bound(build, layers, batch, train=True, settings=None):
+    """An upper bound on the cycles (the `cycles` counter's increase, busy cycles) of one
+    train (`train` true) or infer command of the network `layers` at batch `batch` on
+    `build`: the sum of command_cycle_bounds, whose docstring gives the formula per phase.
+    settings None: valid for every step setting and any data; a StepSettings: for that
+    step's settings. Raises ConfigError for a shape or batch the build's registers cannot
+    hold (memory limits are not checked: check_network does)."""
+    return sum(command_cycle_bounds(build, layers, batch, train, settings).values())
+
+
 CONTROL_TRAIN = 1
 CONTROL_INFER = 2
 CONTROL_CLEAR_COUNTERS = 4
+#: Stop the running command (docs/protocol.md section 10). Answered at once, even while a
+#: command runs; the command's own answer then says whether it stopped (`aborted`) or had
+#: already written weights and ran to its end (`ok`). While no command runs it does nothing.
+#: A CONTROL word with this bit is an abort, whatever its other bits.
+CONTROL_ABORT = 8
+#: The STOPPED register (read only): name -> (lowest bit, bits). All 0 after a command that ran
+#: to its end. stopped: the last command did not; watchdog: the watchdog stopped it (it had
+#: run `watchdog` cycles), else an abort did; weights_changed: it had written weights when it
+#: stopped (only a watchdog stop can leave them so): the layers above `layer` have the
+#: command's update, `layer` may have part of it, the layers below it have none of it
+#: (`layer` is 0 without weights_changed).
+STOP_FIELDS = {"stopped": (0, 1), "watchdog": (1, 1), "weights_changed": (2, 1),
+               "layer": (8, 8)}
+
+
+def stop_fields(word):
+    """STOPPED's value -> {field: value} (STOP_FIELDS)."""
+    return {name: (word >> lo) & ((1 << bits) - 1) for name, (lo, bits) in STOP_FIELDS.items()}
 FLAG_BITS = ("zero_skip", "psg", "psg_relative", "ssprop_random")
 
 

@@ -63,8 +63,11 @@ class VirtualEngine:
             if off in self._by_offset:
                 name, mode = self._by_offset[off]
                 if mode == "ro":
-                    return {"status": 0, "correct": self.correct,
-                            "rejected": self.rejected}.get(name, self.ro.get(name))
+                    # a command runs to its end before the next frame arrives (the model has
+                    # no clock): never busy, never stopped (STOPPED 0), nothing for an abort
+                    # or the watchdog to stop
+                    return {"status": 0, "correct": self.correct, "rejected": self.rejected,
+                            "stopped": 0}.get(name, self.ro.get(name))
                 return 0 if mode == "wo" else self.regs[name]
             layer, field = self._layer_field(off)
             return self.layer[layer][field]
@@ -174,6 +177,8 @@ class VirtualEngine:
         return layers, desc
 
     def _control(self, value):
+        if value & spec.CONTROL_ABORT:
+            return                              # no command is running: nothing to stop
         command = value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER)
         if command:
             # checked before anything happens: a refused command changes nothing (its

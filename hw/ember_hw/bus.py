@@ -10,6 +10,13 @@ ember.spec.ADDRESS_MAP). One transaction at a time:
   for a read) or with ``err`` for one cycle, ``r_data[0:8]`` then holding an error code
   (ember.spec.LINK_STATUS: out of range, busy, bad value);
 - the master drops its strobe in the cycle after the answer.
+
+Commands (docs/protocol.md section 10): a write that starts a train or infer command is
+acknowledged at once with ``defer`` high: the command runs, the bus is free for other accesses
+(STATUS, an abort), and the write's outcome comes later: ``cmd_done`` high for one cycle when
+the command has ended, ``cmd_status`` (a LINK_STATUS code: ``ok``, ``aborted``, ``watchdog``)
+valid in that cycle. Until the master has passed that outcome on, it holds ``owing`` high,
+and the slave starts no other command.
 """
 
 from amaranth.lib import wiring
@@ -30,4 +37,8 @@ class BusSignature(wiring.Signature):
             "ack": In(1),
             "err": In(1),
             "r_data": In(data_width),
+            "owing": Out(1),
+            "defer": In(1),
+            "cmd_done": In(1),
+            "cmd_status": In(8),
         })

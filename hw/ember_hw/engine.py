@@ -30,7 +30,10 @@ then per layer from the top: ssProp scoring and selection, input gradient, dX re
 weight gradient (SGD, or PSG prediction, decision and recompute) and update.
 """
 
+from contextlib import contextmanager
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import ResetInserter
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -129,9 +132,14 @@ class EngineCore(wiring.Component):
         l_rd, l_wr = lmem.read_port(), lmem.write_port()
         p_rd, p_wr = pmem.read_port(), pmem.write_port()
 
-        m.submodules.loss = loss = SoftmaxGradUnit(max_classes=bld.max_width)
+        # a stopped command (abort or watchdog, "stopping a command" below) resets the units
+        # it may leave half way; their memories keep their contents
+        stop = Signal()
+        loss = SoftmaxGradUnit(max_classes=bld.max_width)
+        m.submodules.loss = ResetInserter(stop)(loss)
         if has_ssprop:
-            m.submodules.selector = sel = ChannelSelector(max_channels=bld.max_width)
+            sel = ChannelSelector(max_channels=bld.max_width)
+            m.submodules.selector = ResetInserter(stop)(sel)
         if has_random:
             m.submodules.lfsr = lfsr = Lfsr16()
 
@@ -199,6 +207,10 @@ class EngineCore(wiring.Component):
         # counters act on them in the next cycle
         start_train, start_infer = regs.start_train, regs.start_infer
         m.d.comb += regs.busy.eq(busy)
+        # the end of a command, for the bridge's deferred answer (how it ended: below)
+        busy_was = Signal()
+        m.d.sync += busy_was.eq(busy)
+        m.d.comb += bus.cmd_done.eq(busy_was & ~busy)
 
         # ---------------------------------------------------------------- bus slave
         # the "regs" region is the register bank's; the memory regions are decoded here
@@ -220,10 +232,11 @@ class EngineCore(wiring.Component):
         # the answer to an access is registered: decided in one cycle (answer_*), on the bus
         # in the next, so that no path runs from the master's address through the decoding
         # here and back into the master
-        answer_ack, answer_err = Signal(), Signal()
+        answer_ack, answer_err, answer_defer = Signal(), Signal(), Signal()
         answer_data = Signal.like(bus.r_data)
         m.d.sync += [bus.ack.eq(answer_ack), bus.err.eq(answer_err),
-                     bus.r_data.eq(answer_data)]
+                     bus.r_data.eq(answer_data), bus.defer.eq(answer_defer)]
+        m.d.comb += regs.owing.eq(bus.owing)
 
         def ack(data=None):
             stmts = [answer_ack.eq(1)]
@@ -256,7 +269,7 @@ class EngineCore(wiring.Component):
             with m.Switch(region):
                 with m.Case(0):
                     m.d.comb += [answer_ack.eq(regs.ack), answer_err.eq(regs.err),
-                                 answer_data.eq(regs.data)]
+                                 answer_data.eq(regs.data), answer_defer.eq(regs.defer)]
                 with m.Case(regions["weights"]):
                     # two lanes per bus word; word = offset*2 // P
                     word = offset[LOGP - 1:]
@@ -449,7 +462,8 @@ class EngineCore(wiring.Component):
         # scalar helpers
         dx_acc = Signal(signed(DACC))
         # the dX requantizer: the batch's largest |dX|, its scale, and the saturation to dY
-        m.submodules.requant = requant = DxRequantizer()
+        requant = DxRequantizer()
+        m.submodules.requant = ResetInserter(stop)(requant)
         dx_shift = requant.shift
         # the update shift's correction: WEIGHT_FRAC_BITS - dx_shift for each layer above
         correction = Signal(range(-(L - 1) * max(0, spec.DX_SHIFT_MAX - spec.WEIGHT_FRAC_BITS),
@@ -469,13 +483,13 @@ class EngineCore(wiring.Component):
         confident = Signal(P)
         uncertain = Signal(P)
         # the update unit's copy of one (j, k): gradient sources, kept lanes, address, shift
-        m.submodules.update = upd = UpdateUnit(P, LACC, addr_bits=len(wbase), live_bits=BATCH,
-                                               step_bits=len(psg_step))
+        upd = UpdateUnit(P, LACC, addr_bits=len(wbase), live_bits=BATCH, step_bits=len(psg_step))
+        m.submodules.update = ResetInserter(stop)(upd)
         u_busy = upd.busy
         # the forward writeback unit (it takes the lanes' snapshot a lane a cycle)
-        m.submodules.writeback = wb = ForwardWriteback(
-            P, LACC, act_addr_bits=len(abase), grad_addr_bits=_bits(bld.grad_words),
-            shift_bits=len(shift))
+        wb = ForwardWriteback(P, LACC, act_addr_bits=len(abase),
+                              grad_addr_bits=_bits(bld.grad_words), shift_bits=len(shift))
+        m.submodules.writeback = ResetInserter(stop)(wb)
         wb_busy = wb.busy
         score = Signal(len(sel.score_data) if has_ssprop else 1)
         packed = Signal(P)
@@ -494,12 +508,23 @@ class EngineCore(wiring.Component):
         with m.If(~busy):
             m.d.comb += w_rd.addr.eq(bus_w_addr)
 
+        @contextmanager
+        def seq_state(name):
+            """A sequencer state; each but IDLE leaves for IDLE when the command is stopped."""
+            with m.State(name):
+                yield
+                if name != "IDLE":
+                    with m.If(stop):
+                        m.next = "IDLE"
+
         # --------------------------------------------------------------------- the FSM
         with m.FSM(name="seq") as fsm:
-            with m.State("IDLE"):
+            with seq_state("IDLE"):
                 with m.If(start_train | start_infer):
+                    # (desc_step: a stopped command may have left a descriptor half loaded)
                     m.d.sync += [busy.eq(1), infer_mode.eq(start_infer), b.eq(0), l.eq(0),
-                                 j.eq(0), correct.eq(0), correction.eq(0), cur_half.eq(0)]
+                                 j.eq(0), correct.eq(0), correction.eq(0), cur_half.eq(0),
+                                 desc_step.eq(0)]
                     if has_random:
                         m.d.comb += [lfsr.load.eq(1), lfsr.seed.eq(lfsr_seed)]
                     m.next = "DESC_FWD"
@@ -524,25 +549,25 @@ class EngineCore(wiring.Component):
                     m.d.sync += desc_step.eq(0)
                     m.next = then
 
-            with m.State("DESC_FWD"):
+            with seq_state("DESC_FWD"):
                 load_descriptor("FWD_LAYER")
 
             # ---------------- forward: for l, for b, for j: acc = W[j] . A[b]; write back
             # (layer by layer over the batch, so that the row pointers step by the layer's
             # strides K, N and nb)
-            with m.State("FWD_LAYER"):
+            with seq_state("FWD_LAYER"):
                 # layer l reads the layer below's outputs: wait until the writeback unit has
                 # written the last of them, then point at sample 0, block 0
                 with m.If(~wb_busy):
                     m.d.sync += [a_row.eq(abase), o_row.eq(next_abase), w_row.eq(wbase),
                                  g_row.eq(gbase)]
                     m.next = "FWD_ROW"
-            with m.State("FWD_ROW"):
+            with seq_state("FWD_ROW"):
                 m.d.sync += [k.eq(0), s1_valid.eq(0), s2_valid.eq(0), m2_valid.eq(0),
                              m2_last.eq(0), m3_valid.eq(0), m3_last.eq(0)]
                 m.d.comb += acc_clear.eq(1)
                 m.next = "FWD_RUN"
-            with m.State("FWD_RUN"):
+            with seq_state("FWD_RUN"):
                 # stage 0: read A[b, k]
                 m.d.comb += [a_rd.addr.eq(a_row + k), count("act_reads", k < K)]
                 m.d.sync += [s1_valid.eq(k < K), s1_last.eq(k == K - 1)]
@@ -572,7 +597,7 @@ class EngineCore(wiring.Component):
                 m.d.comb += acc_add.eq(m3_valid)
                 with m.If(m3_last):
                     m.next = "FWD_HANDOFF"
-            with m.State("FWD_HANDOFF"):
+            with seq_state("FWD_HANDOFF"):
                 # the writeback unit requantizes and writes this block while the next block
                 # accumulates; the next layer (which reads these outputs) and the loss wait
                 with m.If(~wb_busy):
@@ -595,10 +620,10 @@ class EngineCore(wiring.Component):
                     with m.Else():
                         m.d.sync += b.eq(0)
                         m.next = "FWD_END"
-            with m.State("FWD_END"):
+            with seq_state("FWD_END"):
                 with m.If(~wb_busy):
                     m.next = "AFTER_FWD"
-            with m.State("AFTER_FWD"):
+            with seq_state("AFTER_FWD"):
                 # the logits of sample 0 (the output layer's dY after the loss)
                 m.d.sync += [b.eq(0), g_row.eq(gbase)]
                 with m.If(infer_mode):
@@ -615,10 +640,10 @@ class EngineCore(wiring.Component):
             g_pick = Signal(signed(spec.GRAD_BITS))
             s2_first = Signal()
             s2_index = Signal(WIDTH)
-            with m.State("INF_ROW"):
+            with seq_state("INF_ROW"):
                 m.d.sync += [n.eq(0), s1_valid.eq(0), s2_valid.eq(0), best_n.eq(0)]
                 m.next = "INF_RUN"
-            with m.State("INF_RUN"):
+            with seq_state("INF_RUN"):
                 # stage 0: read logit n; stage 1: its lane into g_pick; stage 2: compare
                 m.d.comb += [g_rd.addr.eq(g_row + (n >> LOGP)), count("grad_reads", n < N)]
                 m.d.sync += [s1_valid.eq(n < N), s1_last.eq(n == N - 1),
@@ -632,7 +657,7 @@ class EngineCore(wiring.Component):
                         m.d.sync += [best.eq(g_pick), best_n.eq(s2_index)]
                     with m.If(s2_last):
                         m.next = "INF_WRITE"
-            with m.State("INF_WRITE"):
+            with seq_state("INF_WRITE"):
                 m.d.comb += [p_wr.addr.eq(b), p_wr.data.eq(best_n), p_wr.en.eq(1)]
                 with m.If(b + 1 < batch):
                     m.d.sync += [b.eq(b + 1), g_row.eq(g_row + nb)]
@@ -643,17 +668,17 @@ class EngineCore(wiring.Component):
                     m.next = "IDLE"
 
             # ---------------- loss: the softmax-gradient unit, one sample at a time
-            with m.State("LOSS_START"):
+            with seq_state("LOSS_START"):
                 m.d.comb += [l_rd.addr.eq(b)]
                 m.next = "LOSS_GO"
-            with m.State("LOSS_GO"):
+            with seq_state("LOSS_GO"):
                 m.d.sync += label.eq(l_rd.data)
                 m.next = "LOSS_GO2"
-            with m.State("LOSS_GO2"):
+            with seq_state("LOSS_GO2"):
                 m.d.comb += [loss.start.eq(1), loss.classes.eq(N), loss.label.eq(label)]
                 m.d.sync += p.eq(0)
                 m.next = "LOSS_RUN"
-            with m.State("LOSS_RUN"):
+            with seq_state("LOSS_RUN"):
                 m.d.comb += [loss.classes.eq(N), loss.label.eq(label),
                              g_rd.addr.eq(g_row + (loss.rd_addr >> LOGP))]
                 m.d.sync += p.eq(loss.rd_addr[:LOGP] if LOGP else 0)
@@ -679,12 +704,12 @@ class EngineCore(wiring.Component):
             m.d.comb += any_below.eq((update_mask & ((Const(1, L + 1) << l) - 1)[:L]) != 0)
             # the layer's setup: which passes run, and four products on the serial
             # multiplier (keep, batch*K, batch*N*K, batch*(N-keep)*K), one state each
-            with m.State("BWD_LAYER"):
+            with seq_state("BWD_LAYER"):
                 m.d.sync += [do_wgrad.eq(update_mask.bit_select(l, 1)),
                              do_igrad.eq((l != 0) & any_below)]
                 m.d.comb += [mul.start.eq(1), mul.a.eq(keep_q8), mul.b.eq(N)]
                 m.next = "BWD_KEEP"
-            with m.State("BWD_KEEP"):
+            with seq_state("BWD_KEEP"):
                 # ssProp keeps N * keep_q8 / KEEP_ONE channels, at least 1 (all at KEEP_ONE)
                 kept = mul.product >> (spec.KEEP_ONE.bit_length() - 1)
                 with m.If(mul.done):
@@ -695,12 +720,12 @@ class EngineCore(wiring.Component):
                         m.d.sync += keep.eq(N)
                     m.d.comb += [mul.start.eq(1), mul.a.eq(batch), mul.b.eq(K)]
                     m.next = "BWD_BK"
-            with m.State("BWD_BK"):
+            with seq_state("BWD_BK"):
                 with m.If(mul.done):
                     m.d.sync += batch_k.eq(mul.product)
                     m.d.comb += [mul.start.eq(1), mul.a.eq(mul.product), mul.b.eq(N)]
                     m.next = "BWD_BNK"
-            with m.State("BWD_BNK"):
+            with seq_state("BWD_BNK"):
                 # batch*N*K MACs per pass: SLU skips the weight gradient of a frozen layer
                 # and the input gradient below the lowest updated one
                 bnk = mul.product
@@ -709,7 +734,7 @@ class EngineCore(wiring.Component):
                                       Mux((l != 0) & ~do_igrad, bnk, 0))
                     m.d.comb += [mul.start.eq(1), mul.a.eq(batch_k), mul.b.eq(N - keep)]
                     m.next = "BWD_LAYER2"
-            with m.State("BWD_LAYER2"):
+            with seq_state("BWD_LAYER2"):
                 # batch*(N-keep)*K MACs that ssProp skips in each pass that runs
                 with m.If(mul.done):
                     ssprop = mul.product
@@ -732,7 +757,7 @@ class EngineCore(wiring.Component):
 
             if has_ssprop:
                 # ssProp scores: sum over the batch of |dY[b, n]|, or LFSR states
-                with m.State("SCORE_TOPK"):
+                with seq_state("SCORE_TOPK"):
                     m.d.comb += [g_rd.addr.eq(g_row + (n >> LOGP)), count("grad_reads", n < N)]
                     m.d.sync += [s1_valid.eq(n < N), s1_last.eq(b == batch - 1),
                                  p.eq(n[:LOGP] if LOGP else 0)]
@@ -754,15 +779,15 @@ class EngineCore(wiring.Component):
                             m.d.sync += score.eq(score + mag)
                     with m.If(s2_valid & s2_last & (s2_index == N - 1)):
                         m.next = "SELECT"
-                with m.State("SELECT"):
+                with seq_state("SELECT"):
                     m.d.comb += [sel.start.eq(1), sel.channels.eq(N), sel.keep.eq(keep)]
                     m.next = "SELECT_WAIT"
-                with m.State("SELECT_WAIT"):
+                with seq_state("SELECT_WAIT"):
                     m.d.comb += [sel.channels.eq(N), sel.keep.eq(keep)]
                     with m.If(sel.done):
                         m.d.sync += [n.eq(0), s1_valid.eq(0), packed.eq(0)]
                         m.next = "PACK"
-                with m.State("PACK"):
+                with seq_state("PACK"):
                     # the kept mask as one P-bit word per block
                     m.d.comb += sel.kept_index.eq(n)
                     m.d.sync += [s1_valid.eq(n < N), n.eq(Mux(n < N, n + 1, n))]
@@ -778,7 +803,7 @@ class EngineCore(wiring.Component):
                         m.next = "IG_START"
 
             if has_random:
-                with m.State("SCORE_RANDOM"):
+                with seq_state("SCORE_RANDOM"):
                     # step the LFSR in one cycle, write its new state in the next
                     m.d.comb += lfsr.step.eq(n < N)
                     m.d.sync += [s1_valid.eq(n < N), n.eq(Mux(n < N, n + 1, n))]
@@ -795,7 +820,7 @@ class EngineCore(wiring.Component):
                 m.d.comb += kept_j.eq(kept_dense)
 
             # ---------------- input gradient: for b, k: dX = sum over kept n of W * dY
-            with m.State("IG_START"):
+            with seq_state("IG_START"):
                 m.d.sync += [b.eq(0), k.eq(0), n.eq(0)]
                 m.d.comb += requant.clear.eq(1)
                 with m.If(do_igrad):
@@ -822,7 +847,7 @@ class EngineCore(wiring.Component):
             s3_valid = Signal()
             s3_dx = Signal(signed(spec.DX_BITS))
             ig_pipe = Signal()                  # IG_RUN or IG_DRAIN: stages 1 to 3 run
-            with m.State("IG_A"):
+            with seq_state("IG_A"):
                 m.d.comb += a_rd.addr.eq(abase)
                 m.d.sync += [j.eq(0), dx_acc.eq(0), s1_valid.eq(0), s1b_valid.eq(0),
                              s2_valid.eq(0), s2t_valid.eq(0), s3_valid.eq(0), sidx.eq(0),
@@ -830,12 +855,12 @@ class EngineCore(wiring.Component):
                              w_row.eq(wbase),
                              g_row.eq(gbase)]
                 m.next = "IG_RUN"
-            with m.State("IG_DRAIN"):
+            with seq_state("IG_DRAIN"):
                 m.d.comb += ig_pipe.eq(1)
                 m.d.sync += s1_valid.eq(0)
                 with m.If(~s1_valid & ~s1b_valid & ~s2_valid & ~s2t_valid & ~s3_valid):
                     m.next = "REQ_START"
-            with m.State("IG_RUN"):
+            with seq_state("IG_RUN"):
                 m.d.comb += ig_pipe.eq(1)
                 # stage 0: slot j of (b, k); A[b, k] arrived in slot 0
                 first = j == 0
@@ -870,13 +895,13 @@ class EngineCore(wiring.Component):
             # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
             ridx = Signal(range(bld.scratch_entries + 1))      # b*K + k, up to the batch's
             req_s3_valid, req_s4_valid = Signal(), Signal()
-            with m.State("REQ_START"):
+            with seq_state("REQ_START"):
                 m.d.comb += requant.latch.eq(1)
                 m.d.sync += [b.eq(0), k.eq(0),
                              ridx.eq(0), s1_valid.eq(0), s2_valid.eq(0), req_s3_valid.eq(0),
                              req_s4_valid.eq(0), g_row.eq(gbase_below)]
                 m.next = "REQ_RUN"
-            with m.State("REQ_RUN"):
+            with seq_state("REQ_RUN"):
                 # stage 0: read scratch entry ridx = b*K + k (all batch*K of them, in order);
                 # stage 1: into the shifter's input; stages 2 and 3: shift and round it (the
                 # requantizer registers it); stage 4: saturate and write dY_below at (b, k),
@@ -900,24 +925,24 @@ class EngineCore(wiring.Component):
                     m.next = "WG_START"
 
             # ---------------- weight gradient and update, per block j and input k
-            with m.State("WG_START"):
+            with seq_state("WG_START"):
                 m.d.sync += [j.eq(0), k.eq(0), w_row.eq(wbase), psg_max.eq(0),
                              psg_pass_a.eq(psg_on & psg_rel)]
                 with m.If(do_wgrad):
                     m.next = "WG_BLOCK"
                 with m.Else():
                     m.next = "BWD_NEXT"
-            with m.State("WG_BLOCK"):
+            with seq_state("WG_BLOCK"):
                 # kept word of block j is being read (k_rd.addr = j); skip empty blocks
                 m.next = "WG_BLOCK2"
-            with m.State("WG_BLOCK2"):
+            with seq_state("WG_BLOCK2"):
                 m.d.sync += lanes_on.eq(kept_j)
                 with m.If(kept_j == 0):
                     m.next = "WG_NEXT_BLOCK"
                 with m.Else():
                     m.d.sync += k.eq(0)
                     m.next = "WG_K"
-            with m.State("WG_K"):
+            with seq_state("WG_K"):
                 m.d.sync += [b.eq(0), s1_valid.eq(0), s2_valid.eq(0), live_count.eq(0),
                              m2_valid.eq(0), m2_last.eq(0), m3_valid.eq(0), m3_last.eq(0),
                              a_row.eq(abase), g_row.eq(gbase)]
@@ -935,7 +960,7 @@ class EngineCore(wiring.Component):
             # lanes), and the PSG predictor's low-precision pass
             passes = (("WG_FULL", False), ("WG_LOW", True)) if has_psg else (("WG_FULL", False),)
             for state, low in passes:
-                with m.State(state):
+                with seq_state(state):
                     recompute = psg_on & ~psg_pass_a if not low else None
                     gate = Signal(P, name=f"gate_{state}")
                     if low:
@@ -996,7 +1021,7 @@ class EngineCore(wiring.Component):
                         else:
                             m.next = "UPD_HANDOFF"
             if has_psg:
-                with m.State("PSG_DECIDE"):
+                with seq_state("PSG_DECIDE"):
                     # |q| > thr without the negation: q > thr if q >= 0, else ~q = -q - 1 >= thr;
                     # both are Cat(sign, q ^ sign) > Cat(0, thr), one comparator per lane
                     def exceeds(q):
@@ -1022,7 +1047,7 @@ class EngineCore(wiring.Component):
                             m.next = "WG_FULL"
                         with m.Else():
                             m.next = "UPD_HANDOFF"
-                with m.State("PSG_MAX"):
+                with seq_state("PSG_MAX"):
                     q = Array(pred)[p]
                     mag_p = Mux(q < 0, -q, q).as_unsigned()
                     with m.If(lanes_on.bit_select(p, 1) & (mag_p > psg_max)):
@@ -1030,7 +1055,7 @@ class EngineCore(wiring.Component):
                     m.d.sync += p.eq(p + 1)
                     with m.If(p == P - 1):
                         m.next = "WG_NEXT_K"
-            with m.State("UPD_HANDOFF"):
+            with seq_state("UPD_HANDOFF"):
                 # hand (j, k)'s gradient to the update unit, which writes it back while the
                 # next (j, k) accumulates; wait only if it is still busy with the last one
                 with m.If(~u_busy):
@@ -1048,16 +1073,16 @@ class EngineCore(wiring.Component):
                         m.next = "WG_K"
                     with m.Else():
                         m.next = "WG_NEXT_BLOCK"
-            with m.State("WG_WAIT"):
+            with seq_state("WG_WAIT"):
                 with m.If(~u_busy):
                     m.next = "BWD_NEXT"
-            with m.State("WG_NEXT_K"):
+            with seq_state("WG_NEXT_K"):
                 with m.If(k + 1 < K):
                     m.d.sync += k.eq(k + 1)
                     m.next = "WG_K"
                 with m.Else():
                     m.next = "WG_NEXT_BLOCK"
-            with m.State("WG_NEXT_BLOCK"):
+            with seq_state("WG_NEXT_BLOCK"):
                 with m.If(j + 1 < nb):
                     m.d.sync += [j.eq(j + 1), w_row.eq(w_row + K)]
                     m.next = "WG_BLOCK"
@@ -1067,7 +1092,7 @@ class EngineCore(wiring.Component):
                 with m.Else():
                     m.next = "WG_WAIT"
 
-            with m.State("BWD_NEXT"):
+            with seq_state("BWD_NEXT"):
                 with m.If(do_igrad):
                     m.d.sync += [correction.eq(correction + spec.WEIGHT_FRAC_BITS - dx_shift),
                                  cur_half.eq(~cur_half)]
@@ -1078,7 +1103,7 @@ class EngineCore(wiring.Component):
                 with m.Else():
                     m.d.sync += l.eq(l - 1)
                     m.next = "DESC_BWD"
-            with m.State("DESC_BWD"):
+            with seq_state("DESC_BWD"):
                 load_descriptor("BWD_LAYER")
 
         # stages 1 to 3 of the input-gradient pipeline (IG_RUN issues, IG_DRAIN empties it)
@@ -1211,6 +1236,52 @@ class EngineCore(wiring.Component):
         for name, states in phases.items():
             states = [st for st in states if st in fsm.encoding]     # units left out
             m.d.comb += count(name, sum(fsm.ongoing(st) for st in states) != 0)
+
+        # ---------------------------------------------------------------- stopping a command
+        # (docs/protocol.md section 10) A command stops before its end
+        # - on an abort (CONTROL_ABORT), unless it has written a weight: then it runs to its
+        #   end, so that an abort never leaves a training step half applied;
+        # - when it has run `watchdog` cycles, at once, wherever it is (STOPPED says what it
+        #   left: which layer's update it was in).
+        # Stopping sends the sequencer to IDLE (seq_state) and resets the units that may be half
+        # way through something (ResetInserter above). The memories keep their contents; of
+        # what a command writes, only the weights outlive it (every phase sets up its pointers,
+        # accumulators and units before it uses them), so the next command runs as on an engine
+        # that never ran the stopped one (tests/test_liveness.py).
+        watchdog = settings.watchdog
+        cycles_left = Signal.like(watchdog)     # cycles the command may still run
+        expired = Signal()                      # it has run `watchdog` cycles (never without
+        has_watchdog = "watchdog" in bld.features   # the unit: only an abort stops)
+        abort_req = Signal()
+        weights_touched = Signal()              # it has written a weight
+        stopped = Signal.like(regs.stopped)
+        m.d.comb += regs.stopped.eq(stopped)
+        with m.If(fsm.ongoing("IDLE") & (start_train | start_infer)):
+            m.d.sync += [abort_req.eq(0), weights_touched.eq(0), stopped.eq(0)]
+            if has_watchdog:
+                m.d.sync += [cycles_left.eq(watchdog), expired.eq(0)]
+        if has_watchdog:
+            with m.Elif(busy):
+                m.d.sync += [cycles_left.eq(cycles_left - 1), expired.eq(cycles_left == 1)]
+        with m.If(regs.abort):
+            m.d.sync += abort_req.eq(1)
+        with m.If(upd.wr_en):
+            m.d.sync += weights_touched.eq(1)
+        m.d.comb += stop.eq(busy & (expired | (abort_req & ~weights_touched & ~upd.wr_en)))
+        changed = weights_touched | upd.wr_en
+        fields = {"stopped": 1, "watchdog": expired, "weights_changed": changed,
+                  "layer": Mux(changed, l, 0)}
+        stop_word = Const(0, len(stopped))
+        for name, (lo, bits) in spec.STOP_FIELDS.items():
+            stop_word = stop_word | (Cat(fields[name])[:bits] << lo)
+        with m.If(stop):
+            m.d.sync += [busy.eq(0), limit_start.eq(1), stopped.eq(stop_word)]
+        # the last command's outcome, from STOPPED (held until the next command starts)
+        field = {name: stopped[lo] for name, (lo, _) in spec.STOP_FIELDS.items()}
+        m.d.comb += bus.cmd_status.eq(Mux(field["stopped"],
+                                          Mux(field["watchdog"], code["watchdog"],
+                                              code["aborted"]),
+                                          code["ok"]))
 
         # ---------------------------------------------------------------- memory collisions
         # No command uses what a memory read returns for a word written in the same cycle

@@ -16,6 +16,13 @@ module imports, so both sides share one definition). The bridge works frame by f
 
 ``rx`` is not ready outside RECEIVE: bytes arriving then are the sender's problem (a UART
 receiver in front drops them and flags overrun; the host waits for each response anyway).
+
+A WRITE that starts a train or infer command (the engine acknowledges its word with ``defer``)
+is answered when the command ends, not at once: the bridge keeps the frame's seq (the word is
+CONTROL, the only register that defers), goes back to RECEIVE and answers other frames meanwhile (STATUS, an abort).
+When the engine reports the end (``cmd_done``), the owed answer goes out as soon as no frame
+is being received: ``ok``, or the error ``aborted``/``watchdog`` at CONTROL's address. A
+retransmission of the owed frame (a WRITE with its seq) is dropped: its answer is coming.
 """
 
 from amaranth import *
@@ -41,7 +48,11 @@ def crc16_update(crc, byte):
 
 
 # What follows seq in a response.
-_TAIL_NONE, _TAIL_ADDR, _TAIL_DATA = range(3)
+# (an address tail is the failing word's, 0 for a frame error, or CONTROL's for a command's
+# owed answer: chosen as the bytes go out, so the address register needs no load of 0 or of
+# CONTROL)
+_TAIL_NONE, _TAIL_ADDR, _TAIL_DATA, _TAIL_ZERO, _TAIL_CONTROL = range(5)
+_CONTROL_ADDR = spec.ADDRESS_MAP["regs"][0] + spec.REGISTERS["control"][0]
 # Which part of the response LOAD picks next.
 _FIELD_STATUS, _FIELD_SEQ, _FIELD_TAIL, _FIELD_CRC_LO, _FIELD_CRC_HI, _FIELD_DONE = range(6)
 
@@ -58,7 +69,8 @@ class LinkBridge(wiring.Component):
                 are meaningful only under a strobe (they are not zeroed in between).
       rx_bytes: one-cycle strobe per byte taken from ``rx`` (END and ESC included).
       tx_bytes: one-cycle strobe per byte sent on ``tx``.
-      busy:     high from the first byte of a frame until its response has been sent.
+      busy:     high from the first byte of a frame until its response has been sent (for a
+                command's frame, until the command's answer has been sent).
 
     Timing: one cycle per received byte; at END one cycle of checks; per word two cycles
     plus the slave's latency; per response byte two cycles (three if escaped) plus waits for
@@ -113,9 +125,22 @@ class LinkBridge(wiring.Component):
         last_write_seq = Signal(8)
         last_write_valid = Signal()
 
+        # The owed answer of a WRITE that started a command (bus.defer): its seq; owed_done once
+        # the command has ended. Only CONTROL starts commands, so the answer's address is
+        # CONTROL's; the engine holds the command's status until the next command, which does
+        # not start while the answer is owed (bus.owing).
+        owed = Signal()
+        owed_seq = Signal(8)
+        owed_done = Signal()
+        owed_status = self.bus.cmd_status
+        deferred = Signal()             # a word of the frame being executed started a command
+        m.d.comb += self.bus.owing.eq(owed)
+        with m.If(owed & self.bus.cmd_done):
+            m.d.sync += owed_done.eq(1)
+
         # Response state.
         status = Signal(8)
-        tail = Signal(range(3))
+        tail = Signal(range(5))
         response_field = Signal(range(_FIELD_DONE + 1))
         # The delay line's older byte is idle while responding: it holds the unescaped byte
         # being sent, so the CRC unit always reads the same byte.
@@ -159,21 +184,34 @@ class LinkBridge(wiring.Component):
         restart_receive = [
             escaped.eq(0), bad_escape.eq(0), too_long.eq(0), held.eq(0), header_index.eq(0),
             word_index.eq(0), lane.eq(0), crc.eq(protocol.CRC_INIT), seq.eq(0),
+            deferred.eq(0),
         ]
 
         def respond_error(code):
             # Frame errors report address 0: the received one may be garbage.
-            return [status.eq(code), tail.eq(_TAIL_ADDR), addr.eq(0)]
+            return [status.eq(code), tail.eq(_TAIL_ZERO)]
+
+        # the owed answer goes out between frames, never into the middle of one
+        answer_owed = Signal()
+        m.d.comb += answer_owed.eq(owed & owed_done & (held == 0) & ~escaped)
 
         with m.FSM() as fsm:
             with m.State("RECEIVE"):
-                m.d.comb += self.rx.ready.eq(1)
+                m.d.comb += self.rx.ready.eq(~answer_owed)
+                with m.If(answer_owed):
+                    m.d.sync += [status.eq(owed_status), seq.eq(owed_seq),
+                                 tail.eq(Mux(owed_status == status_code["ok"], _TAIL_NONE,
+                                             _TAIL_CONTROL)),
+                                 owed.eq(0), owed_done.eq(0),
+                                 last_write_seq.eq(owed_seq),
+                                 last_write_valid.eq(owed_status == status_code["ok"])]
+                    m.next = "OPEN"
                 with m.If(frame_end):
                     with m.If(held == 0):
                         m.d.sync += restart_receive     # empty frame: nothing to answer
                     with m.Else():
                         m.next = "CHECK"
-                with m.If(self.rx.valid & (self.rx.payload != protocol.END)):
+                with m.If(self.rx.valid & self.rx.ready & (self.rx.payload != protocol.END)):
                     with m.If(escaped):
                         m.d.sync += escaped.eq(0)
                         with m.If((self.rx.payload != protocol.ESC_END) &
@@ -234,6 +272,10 @@ class LinkBridge(wiring.Component):
                     m.d.sync += respond_error(status_code["bad_crc"])
                 with m.Elif(~known_cmd):
                     m.d.sync += respond_error(status_code["unknown_command"])
+                with m.Elif(is_write & owed & (seq == owed_seq)):
+                    # the owed frame again (the host timed out): its answer is coming
+                    m.d.sync += restart_receive
+                    m.next = "RECEIVE"
                 with m.Elif(is_write & last_write_valid & (seq == last_write_seq)):
                     m.d.sync += [status.eq(status_code["duplicate"]), tail.eq(_TAIL_NONE)]
                 with m.Else():
@@ -251,12 +293,18 @@ class LinkBridge(wiring.Component):
                     self.bus.r_stb.eq(~is_write),
                 ]
                 with m.If(self.bus.err):
-                    # addr stays on the failing word; words before it stay written.
+                    # addr stays on the failing word; words before it stay written (a command
+                    # one of them started runs on, unanswered).
                     m.d.sync += [status.eq(self.bus.r_data[:8]), tail.eq(_TAIL_ADDR)]
+                    with m.If(deferred):
+                        m.d.sync += owed.eq(0)
                     with m.If(is_write):
                         m.d.sync += last_write_valid.eq(0)
                     m.next = "OPEN"
                 with m.Elif(self.bus.ack):
+                    with m.If(self.bus.defer):
+                        m.d.sync += [owed.eq(1), owed_done.eq(0), owed_seq.eq(seq),
+                                     deferred.eq(1)]
                     with m.If(~is_write):
                         m.d.comb += [
                             buffer_w.addr.eq(word_index),
@@ -264,7 +312,11 @@ class LinkBridge(wiring.Component):
                             buffer_w.en.eq((1 << word_bytes) - 1),
                         ]
                     m.d.sync += [addr.eq(addr + 1), word_index.eq(word_index + 1)]
-                    with m.If(last_word):
+                    with m.If(last_word & (self.bus.defer | deferred)):
+                        # a word of this frame started a command: answered when it ends
+                        m.d.sync += restart_receive
+                        m.next = "RECEIVE"
+                    with m.Elif(last_word):
                         m.d.sync += [status.eq(status_code["ok"]),
                                      tail.eq(Mux(is_write, _TAIL_NONE, _TAIL_DATA))]
                         with m.If(is_write):
@@ -292,8 +344,11 @@ class LinkBridge(wiring.Component):
                         m.d.sync += response_field.eq(
                             Mux(tail == _TAIL_NONE, _FIELD_CRC_LO, _FIELD_TAIL))
                     with m.Case(_FIELD_TAIL):
-                        with m.If(tail == _TAIL_ADDR):
-                            m.d.comb += field_byte.eq(addr.word_select(lane, 8))
+                        with m.If(tail != _TAIL_DATA):
+                            m.d.comb += field_byte.eq(Mux(
+                                tail == _TAIL_ADDR, addr.word_select(lane, 8),
+                                Mux(tail == _TAIL_CONTROL,
+                                    Const(_CONTROL_ADDR, 24).word_select(lane, 8), 0)))
                             with m.If(lane == protocol.ADDR_BYTES - 1):
                                 m.d.sync += [lane.eq(0), response_field.eq(_FIELD_CRC_LO)]
                             with m.Else():
@@ -345,5 +400,5 @@ class LinkBridge(wiring.Component):
                     m.d.sync += restart_receive
                     m.next = "RECEIVE"
 
-        m.d.comb += self.busy.eq(~fsm.ongoing("RECEIVE") | (held != 0))
+        m.d.comb += self.busy.eq(~fsm.ongoing("RECEIVE") | (held != 0) | owed)
         return m

@@ -23,9 +23,13 @@ What it holds, at the word offsets of ``spec.REGISTERS`` and ``spec.LAYER_BASE``
 - CONTROL: a train or infer command is first checked (``StepCheck``, or ``CountCheck`` on a
   build without the command_check unit; docs/protocol.md section 8): refused with
   ``bad_value`` (REJECTED names the check), or the write registers ``start_train``,
-  ``start_infer`` and ``clear_counters`` for one cycle. A command is answered when it has
-  finished (``busy`` low again), so the host never polls and every backend sees the same
-  link traffic;
+  ``start_infer`` and ``clear_counters`` for one cycle and is acknowledged with ``defer``:
+  the link bridge answers it when the command has ended, so the host never polls and every
+  backend sees the same link traffic, and the bus stays free meanwhile. A CONTROL word with
+  the abort bit is always acknowledged at once and registers ``abort`` if a command runs.
+  While a command runs (``busy``), or its answer is still owed (``owing``), no other command
+  starts (``busy`` answer). A build without the abort unit (spec.FEATURES) holds a command's
+  write until the command has finished instead, and acknowledges an abort while idle;
 - labels: ``classes`` (the last layer's outputs) for the engine's check of arriving labels,
   and which label words (``label_written``, ``label_word``) have been written since it last
   changed, for the command check;
@@ -45,7 +49,10 @@ before it reaches the bus, see EngineCore):
   limit_changed:  Out(1) -- batch or layer 0's inputs is written in this cycle (the input
                   batch's size, the activation region's write limit, changes).
   busy:           In(1) -- a command runs; correct: In -- CORRECT's value.
-  start_train, start_infer, clear_counters: Out(1) -- registered, one cycle each.
+  start_train, start_infer, clear_counters, abort: Out(1) -- registered, one cycle each.
+  defer:          Out(1) -- with ack: the write started a command (ember_hw.bus).
+  owing:          In(1) -- the bus master still owes the host a command's answer.
+  stopped:        In -- STOPPED's value (spec.STOP_FIELDS), from the sequencer.
   desc_loading, desc_addr: In -- the sequencer reads descriptor word desc_addr;
   desc_data:      Out -- the word, the cycle after.
   counter_req, counter_index: Out -- a counter read (hold until counter_valid);
@@ -116,6 +123,10 @@ class RegisterBank(wiring.Component):
             "start_train": Out(1),
             "start_infer": Out(1),
             "clear_counters": Out(1),
+            "abort": Out(1),
+            "defer": Out(1),
+            "owing": In(1),
+            "stopped": In(max(lo + bits for lo, bits in spec.STOP_FIELDS.values())),
             "desc_loading": In(1),
             "desc_addr": In(range(self.desc_depth)),
             "desc_data": Out(self.desc_bits),
@@ -227,14 +238,15 @@ class RegisterBank(wiring.Component):
             return ok
 
         # CONTROL: a train or infer command is checked first (StepCheck); then registered
-        # strobes, and cmd_pending until the command's answer. REJECTED: the last verdict
+        # strobes, and the write's answer deferred to the command's end. REJECTED: the last
+        # verdict
         checking = Signal()
         rejected = Signal.like(check.failed)
         m.d.comb += [check.train.eq(self.w_data[0]), check.batch.eq(self.settings.batch),
                      check.layers.eq(layers), check.labels_ok.eq(labels_ok),
                      check.desc_data.eq(d_rd.data)]
-        cmd_pending = Signal()
-        m.d.sync += [self.start_train.eq(0), self.start_infer.eq(0), self.clear_counters.eq(0)]
+        m.d.sync += [self.start_train.eq(0), self.start_infer.eq(0), self.clear_counters.eq(0),
+                     self.abort.eq(0)]
 
         def setting(name):
             """A read-write setting: written only while no command runs, and only with a
@@ -257,6 +269,12 @@ class RegisterBank(wiring.Component):
             with m.Else():
                 m.d.comb += ack(getattr(self.settings, name))
 
+        # With the abort unit a command's write is acknowledged with `defer` when it starts;
+        # without it (v1's way, for a build short of logic) the write is held until the
+        # command has finished (cmd_pending) and the bridge takes no frame meanwhile.
+        has_abort = "abort" in self.build.features
+        cmd_pending = Signal()
+
         def verdict():
             """The check's verdict: refuse, or start the command."""
             m.d.sync += [checking.eq(0), rejected.eq(check.failed)]
@@ -265,18 +283,33 @@ class RegisterBank(wiring.Component):
             with m.Else():
                 m.d.sync += [self.start_train.eq(self.w_data[0]),
                              self.start_infer.eq(self.w_data[1]),
-                             self.clear_counters.eq(self.w_data[2]),
-                             cmd_pending.eq(1)]
+                             self.clear_counters.eq(self.w_data[2])]
+                if has_abort:
+                    m.d.comb += ack() + [self.defer.eq(1)]
+                else:
+                    m.d.sync += cmd_pending.eq(1)
+
+        abort_bit = spec.CONTROL_ABORT.bit_length() - 1
 
         def control():
             command = self.w_data[:2] != 0
             with m.If(write):
-                with m.If(cmd_pending):
-                    with m.If(~self.busy & ~self.start_train & ~self.start_infer):
+                if has_abort:
+                    with m.If(self.w_data[abort_bit]):
+                        # always answered; it stops the running command (nothing while idle)
                         m.d.comb += ack()
-                        m.d.sync += cmd_pending.eq(0)
-                with m.Elif(self.busy):
-                    m.d.comb += err("busy")
+                        m.d.sync += self.abort.eq(self.busy)
+                    with m.Elif(self.busy | (command & self.owing)):
+                        m.d.comb += err("busy")
+                else:
+                    with m.If(cmd_pending):
+                        with m.If(~self.busy & ~self.start_train & ~self.start_infer):
+                            m.d.comb += ack()
+                            m.d.sync += cmd_pending.eq(0)
+                    with m.Elif(self.busy):
+                        m.d.comb += err("busy")
+                    with m.Elif(self.w_data[abort_bit]):
+                        m.d.comb += ack()       # no command runs: nothing to stop
                 with m.Elif(checking):
                     with m.If(check.done):
                         verdict()
@@ -325,7 +358,8 @@ class RegisterBank(wiring.Component):
                         with m.Case(off):
                             if mode == "ro":
                                 value = {"status": self.busy, "correct": self.correct,
-                                         "rejected": rejected}.get(name, ro_values.get(name))
+                                         "rejected": rejected, "stopped": self.stopped,
+                                         }.get(name, ro_values.get(name))
                                 m.d.comb += ack(value)
                             elif mode == "wo":
                                 control()

@@ -20,6 +20,15 @@ registers only to restore them within the unit). Then one clean training step ru
 and on a clean model device that never saw a fuzz frame: different weights or correct
 counts are a corruption too.
 
+After every state check, an *abort unit* (issue 15): a CONTROL train and, behind it, a few
+reads of STATUS or of counters (0 to ABORT_DELAY_READS, to land the abort at different points
+of the step) and an abort, to each device on its own. Their answers may differ by design: the model has no
+clock, so its step has ended before the abort arrives, while the board is mid-step. So each
+device is checked against the rules instead: every frame answered, the abort `ok`, the step
+`aborted` with its weights as they were, or `ok` with a clean device's update (an abort after
+its first weight write lets it finish); then the weights are put back, the counters
+cleared, and a clean step must give a clean device's weights on every device.
+
 With ``--simulator none`` only the model runs: no answers are compared, but exceptions out of
 the model's port, missing answers and corruptions are still found.
 
@@ -27,8 +36,9 @@ The JSON report holds ``frames`` (fuzz request frames sent, probes and state rea
 counted), ``frames_per_class``, ``units_per_class``, ``statuses_per_class`` (the model's
 answers by status), ``hangs``, ``mismatches`` (count, per class and the first examples: class,
 request, model and board answers in hex), ``corruptions`` (count and examples),
-``exceptions`` (raised out of the model's port), ``seed``, ``build``, ``simulator`` and
-``wall_s``. The exit code is 1 if any of hangs, mismatches, corruptions or exceptions is
+``exceptions`` (raised out of the model's port), ``aborts`` (abort units, and per device the
+steps they stopped and the steps that ran to their end), ``seed``, ``build``, ``simulator``
+and ``wall_s``. The exit code is 1 if any of hangs, mismatches, corruptions or exceptions is
 non-zero.
 """
 
@@ -52,6 +62,9 @@ HANG_BOUND_S = 0.01
 STALL_S = 30.0
 #: Examples kept in the report.
 EXAMPLES = 10
+#: Reads (of STATUS or of counters) between an abort unit's train command and its abort: at
+#: most this many.
+ABORT_DELAY_READS = 12
 #: The network the fuzzed devices hold (fits every build), and its batch.
 NETWORK = (10, 7, 6, 4)
 BATCH = 4
@@ -535,6 +548,7 @@ class Fuzzer:
             "corruptions": 0, "corruption_examples": [],
             "exceptions": 0, "exception_examples": [],
             "state_checks": 0, "training_steps": 0,
+            "aborts": {"units": 0, "aborted": {}, "completed": {}},
             "seed": seed, "build": build.name, "simulator": simulator or "none",
         }
 
@@ -553,6 +567,7 @@ class Fuzzer:
                 if since_check == self.check_every:
                     self._check()
                     since_check = 0
+                    self._abort_unit()      # after the check: it re-bases the state
             self._check()
         finally:
             for target in (self.model, self.clean, self.board):
@@ -583,6 +598,7 @@ class Fuzzer:
         y = self.np_rng.integers(0, NETWORK[-1], size=BATCH)
         settings = StepSettings(lr_shift=int(self.np_rng.integers(6, 11)),
                                 zero_skip=bool(self.np_rng.integers(2)))
+        self.last_step = (x, y, settings)
         results = []
         for target in [self.clean] + self.fuzzed:
             try:
@@ -617,6 +633,69 @@ class Fuzzer:
             differ = _state_differences(now[0], now[1])
             if differ:
                 self._corruption(f"model and board states differ in {', '.join(differ[:8])}")
+        self._train()
+        self.state = [read_state(t.dev, self.build) for t in self.fuzzed]
+        self.regs = Registers(self.build, self.state[0]["regs"])
+
+    def _abort_unit(self):
+        """A train command, 0 to ABORT_DELAY_READS reads, an abort and the probe, to
+        each fuzzed device; the rules of the module docstring; then the weights put back, the
+        counters cleared and a clean step (_train)."""
+        report = self.report
+        report["aborts"]["units"] += 1
+        x, y, settings = self.last_step
+        delay = self.rng.randrange(ABORT_DELAY_READS + 1)
+        seq = self.rng.randrange(256)
+        status_reg, control = regmap.reg("status"), regmap.reg("control")
+        frames = [_request(WRITE, seq, control, 1, [spec.CONTROL_TRAIN])]
+        # reads while the step runs: STATUS, or a run of counter words (long answers: they
+        # move the abort further into the step)
+        counters, n_words = regmap.region("counters"), 2 * len(spec.COUNTERS)
+        for i in range(delay):
+            addr, count = ((status_reg, 1) if self.rng.random() < 0.5 else
+                           (counters, self.rng.randint(1, n_words)))
+            frames.append(_request(READ, (seq + 1 + i) & 0xFF, addr, count))
+        abort_seq = (seq + 1 + delay) & 0xFF
+        frames.append(_request(WRITE, abort_seq, control, 1, [spec.CONTROL_ABORT]))
+        probe_request, closing = probe(report["units"] & 0xFF)
+        data = b"".join(slip_encode(f) for f in frames) + probe_request
+        for target in self.fuzzed:
+            before = target.dev.read_weights()
+            if target is self.model:
+                answer, hung = target.exchange(data, closing)
+            else:
+                answer, hung = target.exchange(data, closing, len(frames) + 1)
+            if hung:
+                report["hangs"] += 1
+                report["hangs_per_class"]["aborts"] = \
+                    report["hangs_per_class"].get("aborts", 0) + 1
+                continue
+            statuses = {}
+            for name, payload in _answer_payloads(answer):
+                statuses[payload[1] if len(payload) > 1 else None] = name
+            step = statuses.get(seq)
+            if len(statuses) != len(frames) or statuses.get(abort_seq) != "ok" or \
+                    step not in ("ok", "aborted"):
+                self._corruption(f"{target.name}: abort unit answered {statuses} (train seq "
+                                 f"{seq}, abort seq {abort_seq})")
+                continue
+            outcome = "aborted" if step == "aborted" else "completed"
+            per_device = report["aborts"][outcome]
+            per_device[target.name] = per_device.get(target.name, 0) + 1
+            want = before
+            if step == "ok":
+                model = golden.GoldenModel(self.build)
+                model.configure(list(NETWORK))
+                model.load_weights(before)
+                model.train_batch(x, y, settings)
+                want = model.weights
+            if not all(np.array_equal(a, b) for a, b in zip(target.dev.read_weights(), want)):
+                self._corruption(f"{target.name}: an abort unit's step answered {step} but "
+                                 f"left other weights than " +
+                                 ("before it" if step == "aborted" else "a clean step's"))
+            target.dev.load_weights(before)
+        for target in self.fuzzed:
+            target.dev.clear_counters()
         self._train()
         self.state = [read_state(t.dev, self.build) for t in self.fuzzed]
         self.regs = Registers(self.build, self.state[0]["regs"])

@@ -42,8 +42,10 @@ from ember_sim import clock, rtl
 from ember_sim.board_top import BURST_BYTES, collected_bytes
 
 MIN_STEP, MAX_STEP = 64, 4096
-#: Longest span the engine runs a command without a wake (the wake updates the progress file).
-BUSY_STEP = 1 << 15
+#: Longest span the engine runs a command without a wake. The wake updates the progress file
+#: and passes on what the host sent meanwhile: a STATUS read or an abort reaches the engine
+#: within this many cycles of arriving.
+BUSY_STEP = 1 << 11
 
 
 async def cycles(dut, count):
@@ -236,8 +238,9 @@ class _BurstLink:
         return await drain(self.dut)
 
     async def run_while_busy(self):
-        """If the engine runs a command, run at full speed until it is done (the host's status
-        polls wait in the socket meanwhile) and return True."""
+        """If the engine runs a command, run at full speed until it is done or BUSY_STEP cycles
+        have passed (what the host sends meanwhile waits in the socket until then) and return
+        True."""
         dut = self.dut
         if not int(dut.busy.value):
             return False
