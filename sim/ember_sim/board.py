@@ -40,7 +40,7 @@ def build_board(build, simulator, variant="stream", divisor=4):
     rtl.require_simulator(simulator)
     name = toplevel_name(build, variant)
     text = rtl.with_free_running_clock(rtl._verilog_text(SimBoard(build, variant, divisor), name),
-                                       name, "clk", clock.CLOCK_PERIOD_NS * 1000)
+                                       name, "clk", clock.CLOCK_PERIOD_NS * 1000, reset="rst")
     sources, args = [], []
     if simulator == "icarus":
         text = rtl.icarus_time_zero_fix(text)
@@ -91,7 +91,9 @@ def main(argv=None):
                       case={"port_file": args.port_file, "port": args.port,
                             "accept_timeout_s": args.accept_timeout,
                             "progress_file": args.progress_file,
-                            "quiet_cycles": 64 + (30 * args.divisor if args.uart else 0)})
+                            # stream: `idle` covers every byte in flight; uart: bytes may
+                            # still cross the wires (three bytes' time, and some)
+                            "quiet_cycles": 64 + 30 * args.divisor if args.uart else 0})
     print("board result: " + json.dumps(outcome.result), flush=True)
     return 0
 

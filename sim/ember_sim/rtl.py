@@ -328,7 +328,8 @@ def icarus_time_zero_fix(text: str) -> str:
                         text)
 
 
-def with_free_running_clock(text: str, toplevel: str, clock: str, period_ps: int) -> str:
+def with_free_running_clock(text: str, toplevel: str, clock: str, period_ps: int,
+                            reset: str | None = None) -> str:
     """Verilog in which module `toplevel` drives its own clock: the Verilog `text` with its
     module `toplevel` renamed ``<toplevel>__design`` and a new module `toplevel` around it
     that has the same ports except the input `clock`, which becomes a register toggled every
@@ -363,12 +364,20 @@ def with_free_running_clock(text: str, toplevel: str, clock: str, period_ps: int
                                                               len(f"module {toplevel}("):]
     others = [p for p in ports if p != clock]
     half_ns = period_ps / 2000
+    inner = {p: p for p in ports}
+    registered = ""
+    if reset is not None:
+        if reset not in others:
+            raise ValueError(f"module {toplevel} has no port {reset!r} (ports: {ports})")
+        inner[reset] = f"{reset}__q"
+        registered = (f"  reg {reset}__q = 1'b1;\n"
+                      f"  always @(posedge {clock}) {reset}__q <= {reset};\n")
     return renamed + f"""
 module {toplevel}({", ".join(others)});
 {chr(10).join(declarations)}
   reg {clock} = 1'b0;
   always #{half_ns:g} {clock} = ~{clock};
-  {design} wrapped({", ".join(f".{p}({p})" for p in ports)});
+{registered}  {design} wrapped({", ".join(f".{p}({inner[p]})" for p in ports)});
 endmodule
 """
 
@@ -412,6 +421,16 @@ def _build_output(simulator: str, build_dir: Path, toplevel: str) -> Path:
     return build_dir / (toplevel if simulator == "verilator" else "sim.vvp")
 
 
+def _module_inputs(text: str, module: str) -> list[str]:
+    """The input ports of Verilog module `module` in `text` (none if it is not there)."""
+    header = re.search(rf"^module {re.escape(module)}\((.*?)\);", text, re.M | re.S)
+    if not header:
+        return []
+    body = text[header.end():text.index("endmodule", header.end())]
+    return re.findall(r"^\s*input\s*(?:\[[^\]]*\])?\s*([A-Za-z_][A-Za-z_0-9$]*)\s*;", body,
+                      re.M)
+
+
 def _verilator_ports_only_runner():
     """cocotb's Verilator runner, with VPI access to the top module's ports only.
 
@@ -428,8 +447,16 @@ def _verilator_ports_only_runner():
         def _build_command(self):
             cmds = super()._build_command()
             config = Path(self.build_dir) / "ports_public.vlt"
+            top = self.hdl_toplevel
+            inputs = [port for source in self.sources
+                      for port in _module_inputs(Path(source).read_text(), top)]
+            # only the inputs are writable: a variable that VPI may write is, for Verilator,
+            # an input that may change before any evaluation, so every piece of logic that
+            # depends on it would be evaluated again at every evaluation (its "ico" phase)
             config.write_text("`verilator_config\n"
-                              f'public_flat_rw -module "{self.hdl_toplevel}" -var "*"\n')
+                              f'public_flat_rd -module "{top}" -var "*"\n'
+                              + "".join(f'public_flat_rw -module "{top}" -var "{port}"\n'
+                                        for port in inputs))
             verilate = [arg for arg in cmds[0] if arg != "--public-flat-rw"]
             verilate.insert(verilate.index("--vpi") + 1, str(config))
             return [verilate, *cmds[1:]]
@@ -491,7 +518,7 @@ def build(design, toplevel: str, simulator: str, build_dir=None, *, extra_source
     hasher = hashlib.sha256()
     ports_only = simulator == "verilator" and public == "ports"
     hasher.update(json.dumps([simulator, _tool_version(simulator), toplevel, all_args, TIMESCALE,
-                              waves, *(["public=ports"] if ports_only else [])]).encode())
+                              waves, *(["public=inputs-rw,ports-rd"] if ports_only else [])]).encode())
     for source in sources:
         content = (verilog_text.encode() if source == design_path and verilog_text is not None
                    else source.read_bytes())
