@@ -19,8 +19,8 @@ receiver in front drops them and flags overrun; the host waits for each response
 
 A WRITE that starts a train or infer command (the engine acknowledges its word with ``defer``)
 is answered when the command ends, not at once: the bridge keeps the frame's seq (the word is
-CONTROL, the only register that defers), goes back to RECEIVE and answers other frames meanwhile (STATUS, an abort).
-When the engine reports the end (``cmd_done``), the owed answer goes out as soon as no frame
+CONTROL, the only register that defers), goes back to RECEIVE and answers other frames
+meanwhile (STATUS, an abort). When the engine reports the end (``cmd_done``), the owed answer goes out as soon as no frame
 is being received: ``ok``, or the error ``aborted``/``watchdog`` at CONTROL's address. A
 retransmission of the owed frame (a WRITE with its seq) is dropped: its answer is coming.
 """
@@ -91,314 +91,359 @@ class LinkBridge(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        max_words = spec.LINK_MAX_WORDS
+        f = _Frame(m)
+        m.d.comb += self.bus.owing.eq(f.owed)
+        with m.If(f.owed & self.bus.cmd_done):
+            m.d.sync += f.owed_done.eq(1)
+
+        # One CRC unit over recent[:8]: the receiver feeds it request bytes leaving the delay
+        # line, SEND the response bytes (out_byte) as they go out.
+        m.d.comb += f.crc_next.eq(crc16_update(f.crc, f.recent[:8]))
+
+        m.d.comb += [
+            f.buffer_r.addr.eq(f.word_index),
+            # Address and write data need only be valid under a strobe (ember_hw.bus); driving
+            # them all the time saves a gate per bit.
+            self.bus.addr.eq(f.addr),
+            self.bus.w_data.eq(f.buffer_r.data),
+            self.rx_bytes.eq(self.rx.valid & self.rx.ready),
+            self.tx_bytes.eq(self.tx.valid & self.tx.ready),
+        ]
+        self._decode_slip(m, f)
+        # the owed answer goes out between frames, never into the middle of one
+        m.d.comb += f.answer_owed.eq(f.owed & f.owed_done & (f.held == 0) & ~f.escaped)
+
+        with m.FSM() as fsm:
+            self._receive(m, f)
+            self._check(m, f)
+            self._execute(m, f)
+            self._respond(m, f)
+
+        m.d.comb += self.busy.eq(~fsm.ongoing("RECEIVE") | (f.held != 0) | f.owed)
+        return m
+
+    def _decode_slip(self, m, f):
+        """SLIP decoding of the byte on rx (acted on only in RECEIVE, where rx.ready is high):
+        f.frame_end at END, else f.byte_in with the unescaped f.byte (none for an ESC)."""
+        with m.If(self.rx.valid & self.rx.ready):
+            with m.If(self.rx.payload == protocol.END):
+                m.d.comb += f.frame_end.eq(1)
+            with m.Elif(f.escaped):
+                m.d.comb += [
+                    f.byte_in.eq(1),
+                    f.byte.eq(Mux(self.rx.payload == protocol.ESC_END, protocol.END,
+                              Mux(self.rx.payload == protocol.ESC_ESC, protocol.ESC,
+                                  self.rx.payload))),
+                ]
+            with m.Elif(self.rx.payload != protocol.ESC):
+                m.d.comb += [f.byte_in.eq(1), f.byte.eq(self.rx.payload)]
+
+    def _receive(self, m, f):
+        """RECEIVE: header into registers, data into the frame buffer, the CRC over all but the
+        last two bytes (the delay line); or, between frames, the owed answer of a command."""
+        status_code = spec.LINK_STATUS
+        header_bytes = protocol.REQUEST_HEADER_BYTES
+        word_bytes = protocol.WORD_BYTES
+        with m.State("RECEIVE"):
+            m.d.comb += self.rx.ready.eq(~f.answer_owed)
+            with m.If(f.answer_owed):
+                owed_status = self.bus.cmd_status
+                m.d.sync += [f.status.eq(owed_status), f.seq.eq(f.owed_seq),
+                             f.tail.eq(Mux(owed_status == status_code["ok"], _TAIL_NONE,
+                                           _TAIL_CONTROL)),
+                             f.owed.eq(0), f.owed_done.eq(0),
+                             f.last_write_seq.eq(f.owed_seq),
+                             f.last_write_valid.eq(owed_status == status_code["ok"])]
+                m.next = "OPEN"
+            with m.If(f.frame_end):
+                with m.If(f.held == 0):
+                    m.d.sync += f.restart_receive()     # empty frame: nothing to answer
+                with m.Else():
+                    m.next = "CHECK"
+            with m.If(self.rx.valid & self.rx.ready & (self.rx.payload != protocol.END)):
+                with m.If(f.escaped):
+                    m.d.sync += f.escaped.eq(0)
+                    with m.If((self.rx.payload != protocol.ESC_END) &
+                              (self.rx.payload != protocol.ESC_ESC)):
+                        m.d.sync += f.bad_escape.eq(1)
+                with m.Elif(self.rx.payload == protocol.ESC):
+                    m.d.sync += f.escaped.eq(1)
+            with m.If(f.byte_in):
+                m.d.sync += f.recent.eq(Cat(f.recent[8:], f.byte))
+                with m.If(f.held == 1):
+                    # Taken straight away, so even a frame too short to check echoes it.
+                    m.d.sync += f.seq.eq(f.byte)
+                with m.If(f.held != 2):
+                    m.d.sync += f.held.eq(f.held + 1)
+                with m.Else():
+                    # The byte leaving the delay line is not part of the CRC field.
+                    body = f.recent[:8]
+                    m.d.sync += f.crc.eq(f.crc_next)
+                    with m.If(f.header_index != header_bytes):
+                        m.d.sync += f.header_index.eq(f.header_index + 1)
+                        self._header_byte(m, f, body)
+                    with m.Elif(f.word_index == f.max_words):
+                        m.d.sync += f.too_long.eq(1)      # discard until END
+                    with m.Else():
+                        m.d.comb += [
+                            f.buffer_w.addr.eq(f.word_index),
+                            f.buffer_w.data.eq(body.replicate(word_bytes)),
+                            f.buffer_w.en.eq(Const(1, word_bytes) << f.lane),
+                        ]
+                        with m.If(f.lane == word_bytes - 1):
+                            m.d.sync += [f.lane.eq(0), f.word_index.eq(f.word_index + 1)]
+                        with m.Else():
+                            m.d.sync += f.lane.eq(f.lane + 1)
+
+    @staticmethod
+    def _header_byte(m, f, body):
+        """Header byte number f.header_index (`body`) into the command, address and count."""
+        read_cmd, write_cmd = spec.LINK_COMMANDS["read"], spec.LINK_COMMANDS["write"]
+        with m.Switch(f.header_index):
+            with m.Case(0):
+                m.d.sync += [f.is_read.eq(body == read_cmd),
+                             f.is_write.eq(body == write_cmd)]
+            for k in range(protocol.ADDR_BYTES):
+                with m.Case(2 + k):
+                    m.d.sync += f.addr.word_select(k, 8).eq(body)
+            for k in range(protocol.COUNT_BYTES):
+                kept = min(8, max(0, len(f.count) - 8 * k))
+                with m.Case(2 + protocol.ADDR_BYTES + k):
+                    if kept:
+                        m.d.sync += f.count[8 * k:][:kept].eq(body)
+                    if kept < 8:
+                        m.d.sync += f.count_over.eq(body[kept:] != 0)
+
+    def _check(self, m, f):
+        """CHECK (at END): length, CRC, command and the duplicate rule, in that order."""
+        status_code = spec.LINK_STATUS
+        with m.State("CHECK"):
+            short = f.header_index != protocol.REQUEST_HEADER_BYTES
+            count_ok = ~f.count_over & (f.count != 0) & (f.count <= f.max_words)
+            data_ok = (f.lane == 0) & Mux(f.is_write, f.word_index == f.count,
+                                          f.word_index == 0)
+            m.d.sync += [f.word_index.eq(0), f.lane.eq(0)]
+            m.next = "OPEN"
+            with m.If(f.too_long | short | (f.known_cmd & ~(count_ok & data_ok))):
+                m.d.sync += f.respond_error(status_code["bad_length"])
+            with m.Elif(f.bad_escape | (f.crc != f.recent)):
+                m.d.sync += f.respond_error(status_code["bad_crc"])
+            with m.Elif(~f.known_cmd):
+                m.d.sync += f.respond_error(status_code["unknown_command"])
+            with m.Elif(f.is_write & f.owed & (f.seq == f.owed_seq)):
+                # the owed frame again (the host timed out): its answer is coming
+                m.d.sync += f.restart_receive()
+                m.next = "RECEIVE"
+            with m.Elif(f.is_write & f.last_write_valid & (f.seq == f.last_write_seq)):
+                m.d.sync += [f.status.eq(status_code["duplicate"]), f.tail.eq(_TAIL_NONE)]
+            with m.Else():
+                with m.If(~f.is_write):
+                    m.d.sync += f.last_write_valid.eq(0)
+                m.next = "FETCH"
+
+    def _execute(self, m, f):
+        """FETCH, BUS: one bus transaction per word, the address incrementing; a READ stores
+        each word in the frame buffer; the first `err` stops it; a `defer` owes the answer."""
+        status_code = spec.LINK_STATUS
+        word_bytes = protocol.WORD_BYTES
+        bus = self.bus
+        with m.State("FETCH"):
+            # Strobes low for a cycle; the buffer's read port presents word_index's word.
+            m.next = "BUS"
+
+        with m.State("BUS"):
+            m.d.comb += [
+                bus.w_stb.eq(f.is_write),
+                bus.r_stb.eq(~f.is_write),
+            ]
+            with m.If(bus.err):
+                # addr stays on the failing word; words before it stay written (a command
+                # one of them started runs on, unanswered).
+                m.d.sync += [f.status.eq(bus.r_data[:8]), f.tail.eq(_TAIL_ADDR)]
+                with m.If(f.deferred):
+                    m.d.sync += f.owed.eq(0)
+                with m.If(f.is_write):
+                    m.d.sync += f.last_write_valid.eq(0)
+                m.next = "OPEN"
+            with m.Elif(bus.ack):
+                with m.If(bus.defer):
+                    m.d.sync += [f.owed.eq(1), f.owed_done.eq(0), f.owed_seq.eq(f.seq),
+                                 f.deferred.eq(1)]
+                with m.If(~f.is_write):
+                    m.d.comb += [
+                        f.buffer_w.addr.eq(f.word_index),
+                        f.buffer_w.data.eq(bus.r_data),
+                        f.buffer_w.en.eq((1 << word_bytes) - 1),
+                    ]
+                m.d.sync += [f.addr.eq(f.addr + 1), f.word_index.eq(f.word_index + 1)]
+                with m.If(f.last_word & (bus.defer | f.deferred)):
+                    # a word of this frame started a command: answered when it ends
+                    m.d.sync += f.restart_receive()
+                    m.next = "RECEIVE"
+                with m.Elif(f.last_word):
+                    m.d.sync += [f.status.eq(status_code["ok"]),
+                                 f.tail.eq(Mux(f.is_write, _TAIL_NONE, _TAIL_DATA))]
+                    with m.If(f.is_write):
+                        m.d.sync += [f.last_write_seq.eq(f.seq), f.last_write_valid.eq(1)]
+                    m.next = "OPEN"
+                with m.Else():
+                    m.next = "FETCH"
+
+    def _respond(self, m, f):
+        """OPEN, LOAD, SEND, SEND_ESCAPED, CLOSE: status, seq, tail and CRC, SLIP-escaped on
+        tx, byte by byte as tx takes them."""
+        word_bytes = protocol.WORD_BYTES
+        out_byte = f.out_byte
+        with m.State("OPEN"):
+            m.d.comb += [self.tx.valid.eq(1), self.tx.payload.eq(protocol.END)]
+            with m.If(self.tx.ready):
+                m.d.sync += [f.crc.eq(protocol.CRC_INIT), f.word_index.eq(0), f.lane.eq(0),
+                             f.response_field.eq(_FIELD_STATUS)]
+                m.next = "LOAD"
+
+        with m.State("LOAD"):
+            # Pick the next unescaped response byte; the CRC covers all but its own bytes.
+            field_byte = Signal(8)
+            with m.Switch(f.response_field):
+                with m.Case(_FIELD_STATUS):
+                    m.d.comb += field_byte.eq(f.status)
+                    m.d.sync += f.response_field.eq(_FIELD_SEQ)
+                with m.Case(_FIELD_SEQ):
+                    m.d.comb += field_byte.eq(f.seq)
+                    m.d.sync += f.response_field.eq(
+                        Mux(f.tail == _TAIL_NONE, _FIELD_CRC_LO, _FIELD_TAIL))
+                with m.Case(_FIELD_TAIL):
+                    with m.If(f.tail != _TAIL_DATA):
+                        m.d.comb += field_byte.eq(Mux(
+                            f.tail == _TAIL_ADDR, f.addr.word_select(f.lane, 8),
+                            Mux(f.tail == _TAIL_CONTROL,
+                                Const(_CONTROL_ADDR, 24).word_select(f.lane, 8), 0)))
+                        with m.If(f.lane == protocol.ADDR_BYTES - 1):
+                            m.d.sync += [f.lane.eq(0), f.response_field.eq(_FIELD_CRC_LO)]
+                        with m.Else():
+                            m.d.sync += f.lane.eq(f.lane + 1)
+                    with m.Else():
+                        m.d.comb += field_byte.eq(f.buffer_r.data.word_select(f.lane, 8))
+                        with m.If(f.lane == word_bytes - 1):
+                            m.d.sync += [f.lane.eq(0), f.word_index.eq(f.word_index + 1)]
+                            with m.If(f.last_word):
+                                m.d.sync += f.response_field.eq(_FIELD_CRC_LO)
+                        with m.Else():
+                            m.d.sync += f.lane.eq(f.lane + 1)
+                with m.Case(_FIELD_CRC_LO):
+                    m.d.comb += field_byte.eq(f.crc[:8])
+                    m.d.sync += f.response_field.eq(_FIELD_CRC_HI)
+                with m.Case(_FIELD_CRC_HI):
+                    m.d.comb += field_byte.eq(f.crc[8:])
+                    m.d.sync += f.response_field.eq(_FIELD_DONE)
+            with m.If(f.response_field == _FIELD_DONE):
+                m.next = "CLOSE"
+            with m.Else():
+                m.d.sync += out_byte.eq(field_byte)
+                m.next = "SEND"
+
+        with m.State("SEND"):
+            special = (out_byte == protocol.END) | (out_byte == protocol.ESC)
+            m.d.comb += [self.tx.valid.eq(1),
+                         self.tx.payload.eq(Mux(special, protocol.ESC, out_byte))]
+            with m.If(self.tx.ready):
+                # response_field is already the next field: the CRC covers out_byte unless
+                # it is one of the CRC's own bytes.
+                with m.If(f.response_field <= _FIELD_CRC_LO):
+                    m.d.sync += f.crc.eq(f.crc_next)
+                with m.If(special):
+                    m.next = "SEND_ESCAPED"
+                with m.Else():
+                    m.next = "LOAD"
+
+        with m.State("SEND_ESCAPED"):
+            m.d.comb += [self.tx.valid.eq(1),
+                         self.tx.payload.eq(Mux(out_byte == protocol.END, protocol.ESC_END,
+                                                protocol.ESC_ESC))]
+            with m.If(self.tx.ready):
+                m.next = "LOAD"
+
+        with m.State("CLOSE"):
+            m.d.comb += [self.tx.valid.eq(1), self.tx.payload.eq(protocol.END)]
+            with m.If(self.tx.ready):
+                m.d.sync += f.restart_receive()
+                m.next = "RECEIVE"
+
+
+class _Frame:
+    """The bridge's state: the frame buffer (WRITE data on the way in, READ data on the way
+    out), the request header, the receiver's, the owed answer's and the response's registers.
+    One set, shared by the FSM's phases (LinkBridge._receive ... _respond)."""
+
+    def __init__(self, m):
+        self.max_words = max_words = spec.LINK_MAX_WORDS
         word_bytes = protocol.WORD_BYTES
         header_bytes = protocol.REQUEST_HEADER_BYTES
-        status_code = spec.LINK_STATUS
-        read_cmd, write_cmd = spec.LINK_COMMANDS["read"], spec.LINK_COMMANDS["write"]
 
-        # The frame buffer: WRITE data on the way in, READ data on the way out.
         m.submodules.buffer = buffer = Memory(shape=unsigned(spec.BUS_DATA_BITS),
                                               depth=max_words, init=[])
-        buffer_w = buffer.write_port(granularity=8)
-        buffer_r = buffer.read_port()
+        self.buffer_w = buffer.write_port(granularity=8)
+        self.buffer_r = buffer.read_port()
 
         # Request header, captured as it arrives.
-        is_read = Signal()                      # cmd is READ
-        is_write = Signal()                     # cmd is WRITE
-        seq = Signal(8)
-        addr = Signal(spec.BUS_ADDR_BITS)       # also the current word while executing
-        count = Signal(range(max_words + 1))    # the count field's low bits...
-        count_over = Signal()                   # ...and whether any higher bit is set
+        self.is_read = Signal(name="is_read")           # cmd is READ
+        self.is_write = Signal(name="is_write")         # cmd is WRITE
+        self.seq = Signal(8, name="seq")
+        self.addr = Signal(spec.BUS_ADDR_BITS, name="addr")  # also the word being executed
+        self.count = Signal(range(max_words + 1), name="count")  # the count's low bits...
+        self.count_over = Signal(name="count_over")     # ...and whether a higher bit is set
 
         # Receive state.
-        escaped = Signal()                      # the previous byte was ESC
-        bad_escape = Signal()                   # ESC followed by neither ESC_END nor ESC_ESC
-        too_long = Signal()                     # more data than LINK_MAX_WORDS words
-        held = Signal(range(3))                 # bytes in the delay line
-        recent = Signal(16)                     # delay line: [0:8] older, [8:16] newest byte
-        header_index = Signal(range(header_bytes + 1))
-        word_index = Signal(range(max_words + 1))   # frame buffer word: rx, execute, tx
-        lane = Signal(range(max(word_bytes, protocol.ADDR_BYTES)))  # byte within a word/addr
-        crc = Signal(16, init=protocol.CRC_INIT)
+        self.escaped = Signal(name="escaped")           # the previous byte was ESC
+        self.bad_escape = Signal(name="bad_escape")     # ESC then neither ESC_END nor ESC_ESC
+        self.too_long = Signal(name="too_long")         # more data than LINK_MAX_WORDS words
+        self.held = Signal(range(3), name="held")       # bytes in the delay line
+        self.recent = Signal(16, name="recent")         # delay line: [0:8] older, [8:16] newest
+        self.header_index = Signal(range(header_bytes + 1), name="header_index")
+        # frame buffer word: rx, execute, tx
+        self.word_index = Signal(range(max_words + 1), name="word_index")
+        # byte within a word or address
+        self.lane = Signal(range(max(word_bytes, protocol.ADDR_BYTES)), name="lane")
+        self.crc = Signal(16, init=protocol.CRC_INIT, name="crc")
 
-        last_write_seq = Signal(8)
-        last_write_valid = Signal()
+        self.last_write_seq = Signal(8, name="last_write_seq")
+        self.last_write_valid = Signal(name="last_write_valid")
 
         # The owed answer of a WRITE that started a command (bus.defer): its seq; owed_done once
         # the command has ended. Only CONTROL starts commands, so the answer's address is
         # CONTROL's; the engine holds the command's status until the next command, which does
         # not start while the answer is owed (bus.owing).
-        owed = Signal()
-        owed_seq = Signal(8)
-        owed_done = Signal()
-        owed_status = self.bus.cmd_status
-        deferred = Signal()             # a word of the frame being executed started a command
-        m.d.comb += self.bus.owing.eq(owed)
-        with m.If(owed & self.bus.cmd_done):
-            m.d.sync += owed_done.eq(1)
+        self.owed = Signal(name="owed")
+        self.owed_seq = Signal(8, name="owed_seq")
+        self.owed_done = Signal(name="owed_done")
+        # a word of the frame being executed started a command
+        self.deferred = Signal(name="deferred")
 
         # Response state.
-        status = Signal(8)
-        tail = Signal(range(5))
-        response_field = Signal(range(_FIELD_DONE + 1))
+        self.status = Signal(8, name="status")
+        self.tail = Signal(range(5), name="tail")
+        self.response_field = Signal(range(_FIELD_DONE + 1), name="response_field")
         # The delay line's older byte is idle while responding: it holds the unescaped byte
         # being sent, so the CRC unit always reads the same byte.
-        out_byte = recent[:8]
+        self.out_byte = self.recent[:8]
 
-        known_cmd = is_read | is_write
-        last_word = word_index + 1 == count
+        self.known_cmd = self.is_read | self.is_write
+        self.last_word = self.word_index + 1 == self.count
+        self.crc_next = Signal(16, name="crc_next")
 
-        # One CRC unit over recent[:8]: the receiver feeds it request bytes leaving the delay
-        # line, SEND the response bytes (out_byte) as they go out.
-        crc_next = Signal(16)
-        m.d.comb += crc_next.eq(crc16_update(crc, recent[:8]))
+        # the SLIP decoder's outputs (LinkBridge._decode_slip)
+        self.frame_end = Signal(name="frame_end")
+        self.byte_in = Signal(name="byte_in")
+        self.byte = Signal(8, name="byte")
+        self.answer_owed = Signal(name="answer_owed")
 
-        m.d.comb += [
-            buffer_r.addr.eq(word_index),
-            # Address and write data need only be valid under a strobe (ember_hw.bus); driving
-            # them all the time saves a gate per bit.
-            self.bus.addr.eq(addr),
-            self.bus.w_data.eq(buffer_r.data),
-            self.rx_bytes.eq(self.rx.valid & self.rx.ready),
-            self.tx_bytes.eq(self.tx.valid & self.tx.ready),
+    def restart_receive(self):
+        return [
+            self.escaped.eq(0), self.bad_escape.eq(0), self.too_long.eq(0), self.held.eq(0),
+            self.header_index.eq(0), self.word_index.eq(0), self.lane.eq(0),
+            self.crc.eq(protocol.CRC_INIT), self.seq.eq(0), self.deferred.eq(0),
         ]
 
-        # SLIP decoding of the byte on rx (acted on only in RECEIVE, where rx.ready is high).
-        frame_end = Signal()
-        byte_in = Signal()
-        byte = Signal(8)
-        with m.If(self.rx.valid & self.rx.ready):
-            with m.If(self.rx.payload == protocol.END):
-                m.d.comb += frame_end.eq(1)
-            with m.Elif(escaped):
-                m.d.comb += [
-                    byte_in.eq(1),
-                    byte.eq(Mux(self.rx.payload == protocol.ESC_END, protocol.END,
-                            Mux(self.rx.payload == protocol.ESC_ESC, protocol.ESC,
-                                self.rx.payload))),
-                ]
-            with m.Elif(self.rx.payload != protocol.ESC):
-                m.d.comb += [byte_in.eq(1), byte.eq(self.rx.payload)]
-
-        restart_receive = [
-            escaped.eq(0), bad_escape.eq(0), too_long.eq(0), held.eq(0), header_index.eq(0),
-            word_index.eq(0), lane.eq(0), crc.eq(protocol.CRC_INIT), seq.eq(0),
-            deferred.eq(0),
-        ]
-
-        def respond_error(code):
-            # Frame errors report address 0: the received one may be garbage.
-            return [status.eq(code), tail.eq(_TAIL_ZERO)]
-
-        # the owed answer goes out between frames, never into the middle of one
-        answer_owed = Signal()
-        m.d.comb += answer_owed.eq(owed & owed_done & (held == 0) & ~escaped)
-
-        with m.FSM() as fsm:
-            with m.State("RECEIVE"):
-                m.d.comb += self.rx.ready.eq(~answer_owed)
-                with m.If(answer_owed):
-                    m.d.sync += [status.eq(owed_status), seq.eq(owed_seq),
-                                 tail.eq(Mux(owed_status == status_code["ok"], _TAIL_NONE,
-                                             _TAIL_CONTROL)),
-                                 owed.eq(0), owed_done.eq(0),
-                                 last_write_seq.eq(owed_seq),
-                                 last_write_valid.eq(owed_status == status_code["ok"])]
-                    m.next = "OPEN"
-                with m.If(frame_end):
-                    with m.If(held == 0):
-                        m.d.sync += restart_receive     # empty frame: nothing to answer
-                    with m.Else():
-                        m.next = "CHECK"
-                with m.If(self.rx.valid & self.rx.ready & (self.rx.payload != protocol.END)):
-                    with m.If(escaped):
-                        m.d.sync += escaped.eq(0)
-                        with m.If((self.rx.payload != protocol.ESC_END) &
-                                  (self.rx.payload != protocol.ESC_ESC)):
-                            m.d.sync += bad_escape.eq(1)
-                    with m.Elif(self.rx.payload == protocol.ESC):
-                        m.d.sync += escaped.eq(1)
-                with m.If(byte_in):
-                    m.d.sync += recent.eq(Cat(recent[8:], byte))
-                    with m.If(held == 1):
-                        # Taken straight away, so even a frame too short to check echoes it.
-                        m.d.sync += seq.eq(byte)
-                    with m.If(held != 2):
-                        m.d.sync += held.eq(held + 1)
-                    with m.Else():
-                        # The byte leaving the delay line is not part of the CRC field.
-                        body = recent[:8]
-                        m.d.sync += crc.eq(crc_next)
-                        with m.If(header_index != header_bytes):
-                            m.d.sync += header_index.eq(header_index + 1)
-                            with m.Switch(header_index):
-                                with m.Case(0):
-                                    m.d.sync += [is_read.eq(body == read_cmd),
-                                                 is_write.eq(body == write_cmd)]
-                                for k in range(protocol.ADDR_BYTES):
-                                    with m.Case(2 + k):
-                                        m.d.sync += addr.word_select(k, 8).eq(body)
-                                for k in range(protocol.COUNT_BYTES):
-                                    kept = min(8, max(0, len(count) - 8 * k))
-                                    with m.Case(2 + protocol.ADDR_BYTES + k):
-                                        if kept:
-                                            m.d.sync += count[8 * k:][:kept].eq(body)
-                                        if kept < 8:
-                                            m.d.sync += count_over.eq(
-                                                body[kept:] != 0)
-                        with m.Elif(word_index == max_words):
-                            m.d.sync += too_long.eq(1)      # discard until END
-                        with m.Else():
-                            m.d.comb += [
-                                buffer_w.addr.eq(word_index),
-                                buffer_w.data.eq(body.replicate(word_bytes)),
-                                buffer_w.en.eq(Const(1, word_bytes) << lane),
-                            ]
-                            with m.If(lane == word_bytes - 1):
-                                m.d.sync += [lane.eq(0), word_index.eq(word_index + 1)]
-                            with m.Else():
-                                m.d.sync += lane.eq(lane + 1)
-
-            with m.State("CHECK"):
-                short = header_index != header_bytes
-                count_ok = ~count_over & (count != 0) & (count <= max_words)
-                data_ok = (lane == 0) & Mux(is_write, word_index == count, word_index == 0)
-                m.d.sync += [word_index.eq(0), lane.eq(0)]
-                m.next = "OPEN"
-                with m.If(too_long | short | (known_cmd & ~(count_ok & data_ok))):
-                    m.d.sync += respond_error(status_code["bad_length"])
-                with m.Elif(bad_escape | (crc != recent)):
-                    m.d.sync += respond_error(status_code["bad_crc"])
-                with m.Elif(~known_cmd):
-                    m.d.sync += respond_error(status_code["unknown_command"])
-                with m.Elif(is_write & owed & (seq == owed_seq)):
-                    # the owed frame again (the host timed out): its answer is coming
-                    m.d.sync += restart_receive
-                    m.next = "RECEIVE"
-                with m.Elif(is_write & last_write_valid & (seq == last_write_seq)):
-                    m.d.sync += [status.eq(status_code["duplicate"]), tail.eq(_TAIL_NONE)]
-                with m.Else():
-                    with m.If(~is_write):
-                        m.d.sync += last_write_valid.eq(0)
-                    m.next = "FETCH"
-
-            with m.State("FETCH"):
-                # Strobes low for a cycle; the buffer's read port presents word_index's word.
-                m.next = "BUS"
-
-            with m.State("BUS"):
-                m.d.comb += [
-                    self.bus.w_stb.eq(is_write),
-                    self.bus.r_stb.eq(~is_write),
-                ]
-                with m.If(self.bus.err):
-                    # addr stays on the failing word; words before it stay written (a command
-                    # one of them started runs on, unanswered).
-                    m.d.sync += [status.eq(self.bus.r_data[:8]), tail.eq(_TAIL_ADDR)]
-                    with m.If(deferred):
-                        m.d.sync += owed.eq(0)
-                    with m.If(is_write):
-                        m.d.sync += last_write_valid.eq(0)
-                    m.next = "OPEN"
-                with m.Elif(self.bus.ack):
-                    with m.If(self.bus.defer):
-                        m.d.sync += [owed.eq(1), owed_done.eq(0), owed_seq.eq(seq),
-                                     deferred.eq(1)]
-                    with m.If(~is_write):
-                        m.d.comb += [
-                            buffer_w.addr.eq(word_index),
-                            buffer_w.data.eq(self.bus.r_data),
-                            buffer_w.en.eq((1 << word_bytes) - 1),
-                        ]
-                    m.d.sync += [addr.eq(addr + 1), word_index.eq(word_index + 1)]
-                    with m.If(last_word & (self.bus.defer | deferred)):
-                        # a word of this frame started a command: answered when it ends
-                        m.d.sync += restart_receive
-                        m.next = "RECEIVE"
-                    with m.Elif(last_word):
-                        m.d.sync += [status.eq(status_code["ok"]),
-                                     tail.eq(Mux(is_write, _TAIL_NONE, _TAIL_DATA))]
-                        with m.If(is_write):
-                            m.d.sync += [last_write_seq.eq(seq), last_write_valid.eq(1)]
-                        m.next = "OPEN"
-                    with m.Else():
-                        m.next = "FETCH"
-
-            with m.State("OPEN"):
-                m.d.comb += [self.tx.valid.eq(1), self.tx.payload.eq(protocol.END)]
-                with m.If(self.tx.ready):
-                    m.d.sync += [crc.eq(protocol.CRC_INIT), word_index.eq(0), lane.eq(0),
-                                 response_field.eq(_FIELD_STATUS)]
-                    m.next = "LOAD"
-
-            with m.State("LOAD"):
-                # Pick the next unescaped response byte; the CRC covers all but its own bytes.
-                field_byte = Signal(8)
-                with m.Switch(response_field):
-                    with m.Case(_FIELD_STATUS):
-                        m.d.comb += field_byte.eq(status)
-                        m.d.sync += response_field.eq(_FIELD_SEQ)
-                    with m.Case(_FIELD_SEQ):
-                        m.d.comb += field_byte.eq(seq)
-                        m.d.sync += response_field.eq(
-                            Mux(tail == _TAIL_NONE, _FIELD_CRC_LO, _FIELD_TAIL))
-                    with m.Case(_FIELD_TAIL):
-                        with m.If(tail != _TAIL_DATA):
-                            m.d.comb += field_byte.eq(Mux(
-                                tail == _TAIL_ADDR, addr.word_select(lane, 8),
-                                Mux(tail == _TAIL_CONTROL,
-                                    Const(_CONTROL_ADDR, 24).word_select(lane, 8), 0)))
-                            with m.If(lane == protocol.ADDR_BYTES - 1):
-                                m.d.sync += [lane.eq(0), response_field.eq(_FIELD_CRC_LO)]
-                            with m.Else():
-                                m.d.sync += lane.eq(lane + 1)
-                        with m.Else():
-                            m.d.comb += field_byte.eq(buffer_r.data.word_select(lane, 8))
-                            with m.If(lane == word_bytes - 1):
-                                m.d.sync += [lane.eq(0), word_index.eq(word_index + 1)]
-                                with m.If(last_word):
-                                    m.d.sync += response_field.eq(_FIELD_CRC_LO)
-                            with m.Else():
-                                m.d.sync += lane.eq(lane + 1)
-                    with m.Case(_FIELD_CRC_LO):
-                        m.d.comb += field_byte.eq(crc[:8])
-                        m.d.sync += response_field.eq(_FIELD_CRC_HI)
-                    with m.Case(_FIELD_CRC_HI):
-                        m.d.comb += field_byte.eq(crc[8:])
-                        m.d.sync += response_field.eq(_FIELD_DONE)
-                with m.If(response_field == _FIELD_DONE):
-                    m.next = "CLOSE"
-                with m.Else():
-                    m.d.sync += out_byte.eq(field_byte)
-                    m.next = "SEND"
-
-            with m.State("SEND"):
-                special = (out_byte == protocol.END) | (out_byte == protocol.ESC)
-                m.d.comb += [self.tx.valid.eq(1),
-                             self.tx.payload.eq(Mux(special, protocol.ESC, out_byte))]
-                with m.If(self.tx.ready):
-                    # response_field is already the next field: the CRC covers out_byte unless
-                    # it is one of the CRC's own bytes.
-                    with m.If(response_field <= _FIELD_CRC_LO):
-                        m.d.sync += crc.eq(crc_next)
-                    with m.If(special):
-                        m.next = "SEND_ESCAPED"
-                    with m.Else():
-                        m.next = "LOAD"
-
-            with m.State("SEND_ESCAPED"):
-                m.d.comb += [self.tx.valid.eq(1),
-                             self.tx.payload.eq(Mux(out_byte == protocol.END, protocol.ESC_END,
-                                                    protocol.ESC_ESC))]
-                with m.If(self.tx.ready):
-                    m.next = "LOAD"
-
-            with m.State("CLOSE"):
-                m.d.comb += [self.tx.valid.eq(1), self.tx.payload.eq(protocol.END)]
-                with m.If(self.tx.ready):
-                    m.d.sync += restart_receive
-                    m.next = "RECEIVE"
-
-        m.d.comb += self.busy.eq(~fsm.ongoing("RECEIVE") | (held != 0) | owed)
-        return m
+    def respond_error(self, code):
+        # Frame errors report address 0: the received one may be garbage.
+        return [self.status.eq(code), self.tail.eq(_TAIL_ZERO)]

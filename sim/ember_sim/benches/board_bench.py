@@ -42,10 +42,13 @@ from ember_sim import clock, rtl
 from ember_sim.board_top import BURST_BYTES, collected_bytes
 
 MIN_STEP, MAX_STEP = 64, 4096
-#: Longest span the engine runs a command without a wake. The wake updates the progress file
-#: and passes on what the host sent meanwhile: a STATUS read or an abort reaches the engine
-#: within this many cycles of arriving.
-BUSY_STEP = 1 << 11
+#: Spans the engine runs a command without a wake. A wake updates the progress file and
+#: passes on what the host sent meanwhile. The first span of a command is BUSY_STEP cycles;
+#: each span in which the host sent nothing doubles the next, up to MAX_BUSY_STEP, and one
+#: in which it sent something sets it back to BUSY_STEP. So a host that talks to the engine
+#: during a command (STATUS reads, an abort) is heard within BUSY_STEP cycles, and one that
+#: waits for the answer costs few wakes (each costs about as much as a few hundred cycles).
+BUSY_STEP, MAX_BUSY_STEP = 1 << 11, 1 << 15
 
 
 async def cycles(dut, count):
@@ -145,7 +148,7 @@ async def _serve(conn, link, quiet_limit, profile=None, progress=None):
 
     progress = progress or _Progress(None)
     started, started_cpu = clock_now(), time.process_time()
-    step = MIN_STEP
+    step, busy_step = MIN_STEP, BUSY_STEP
     cycles = quiet = 0
     while True:
         progress.update()
@@ -172,8 +175,11 @@ async def _serve(conn, link, quiet_limit, profile=None, progress=None):
                 break
             moved = True
             t = spent("receive", t)
-        if await link.run_while_busy():
+        if data or out:
+            busy_step = BUSY_STEP
+        if await link.run_while_busy(busy_step):
             step = MIN_STEP
+            busy_step = min(MAX_BUSY_STEP, 2 * busy_step)
             spent("busy", t)
         elif moved:
             step, quiet = MIN_STEP, 0
@@ -237,14 +243,14 @@ class _BurstLink:
     async def receive(self):
         return await drain(self.dut)
 
-    async def run_while_busy(self):
-        """If the engine runs a command, run at full speed until it is done or BUSY_STEP cycles
+    async def run_while_busy(self, span):
+        """If the engine runs a command, run at full speed until it is done or `span` cycles
         have passed (what the host sends meanwhile waits in the socket until then) and return
         True."""
         dut = self.dut
         if not int(dut.busy.value):
             return False
-        await First(Timer(BUSY_STEP * self.period, unit="ns"), FallingEdge(dut.busy))
+        await First(Timer(span * self.period, unit="ns"), FallingEdge(dut.busy))
         await FallingEdge(dut.clk)
         return True
 
@@ -372,7 +378,7 @@ class _PinLink:
         out, self.received = bytes(self.received), bytearray()
         return out, 0
 
-    async def run_while_busy(self):
+    async def run_while_busy(self, span):
         return False                                   # no busy port: frames tell
 
     def idle(self):
