@@ -48,6 +48,7 @@ from .lanes import MacLanes
 from .regbank import RegisterBank
 from .requant import DxRequantizer
 from .loss import SoftmaxGradUnit
+from .memwindow import MemoryWindow
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
 from .update import UpdateUnit
@@ -213,14 +214,11 @@ class EngineCore(wiring.Component):
         m.d.comb += bus.cmd_done.eq(busy_was & ~busy)
 
         # ---------------------------------------------------------------- bus slave
-        # the "regs" region is the register bank's; the memory regions are decoded here
+        # the "regs" region is the register bank's, the memory regions the memory window's
+        # (ember_hw.memwindow)
         region = bus.addr[spec.REGION_BITS:]
         offset = bus.addr[:spec.REGION_BITS]
-        regions = {name: base >> spec.REGION_BITS for name, (base, _) in spec.ADDRESS_MAP.items()
-                   if base >> spec.REGION_BITS}
         code = spec.LINK_STATUS
-        bus_phase = Signal(2)        # sub-steps of multi-cycle accesses
-        bus_rdata = Signal(spec.LABEL_BITS)
         desc_loading = Signal()             # the sequencer has the descriptor read port
         desc_addr = Signal.like(regs.desc_addr)
         m.d.comb += [regs.desc_loading.eq(desc_loading), regs.desc_addr.eq(desc_addr),
@@ -238,15 +236,6 @@ class EngineCore(wiring.Component):
                      bus.r_data.eq(answer_data), bus.defer.eq(answer_defer)]
         m.d.comb += regs.owing.eq(bus.owing)
 
-        def ack(data=None):
-            stmts = [answer_ack.eq(1)]
-            if data is not None:
-                stmts.append(answer_data.eq(data))
-            return stmts
-
-        def err(name):
-            return [answer_err.eq(1), answer_data.eq(code[name])]
-
         # the master drops its strobe in the cycle after the answer (bus contract); the answer
         # is on the bus a cycle after it is decided, and in that cycle the access is over
         active = Signal()
@@ -254,113 +243,38 @@ class EngineCore(wiring.Component):
         wr = bus.w_stb
         m.d.comb += [regs.sel.eq(active & (region == 0)), regs.addr.eq(offset),
                      regs.write.eq(wr), regs.w_data.eq(bus.w_data)]
-        # memory ports driven by the bus when idle (the sequencer owns them when busy)
-        bus_w_addr = Signal.like(w_rd.addr)
-        bus_w_rd = Signal()                 # the bus reads a weight word (w_rd.en when idle)
+        m.submodules.window = win = MemoryWindow(bld)
+        m.d.comb += [win.sel.eq(active & (region != 0)), win.addr.eq(bus.addr),
+                     win.write.eq(wr), win.w_data.eq(bus.w_data), win.busy.eq(busy),
+                     win.act_limit.eq(mul.product), win.limit_ready.eq(~limit_start & mul.done),
+                     win.classes.eq(regs.classes)]
+        with m.If(active):
+            with m.If(region == 0):
+                m.d.comb += [answer_ack.eq(regs.ack), answer_err.eq(regs.err),
+                             answer_data.eq(regs.data), answer_defer.eq(regs.defer)]
+            with m.Else():
+                m.d.comb += [answer_ack.eq(win.ack), answer_err.eq(win.err),
+                             answer_data.eq(win.data)]
+        # memory ports driven by the window when idle (it requests nothing while busy; the
+        # sequencer's states, below, drive them then)
+        bus_w_addr = win.w_rd_addr
+        bus_w_rd = win.w_rd                 # the bus reads a weight word (w_rd.en when idle)
         # (the lanes' data registers are reset_less: every phase writes them before it reads
         # them, and a reset net to thousands of flip-flops only costs routing)
         u_word = Signal(P * W, reset_less=True)     # a weight word, shifted down a lane a cycle
-        bus_lanes_left = Signal(range(P))   # lanes u_word still shifts for a bus read
         u_word_load = Signal()              # u_word <- the weight word read last cycle
         u_word_shift = Signal()             # u_word shifts down one lane
-        bus_a_byte = Signal(2)
-
-        with m.If(active):
-            with m.Switch(region):
-                with m.Case(0):
-                    m.d.comb += [answer_ack.eq(regs.ack), answer_err.eq(regs.err),
-                                 answer_data.eq(regs.data), answer_defer.eq(regs.defer)]
-                with m.Case(regions["weights"]):
-                    # two lanes per bus word; word = offset*2 // P
-                    word = offset[LOGP - 1:]
-                    pair = offset[:LOGP - 1] if LOGP > 1 else Const(0, 1)
-                    with m.If(word >= bld.weight_words):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr):
-                        m.d.comb += [w_wr.addr.eq(word),
-                                     w_wr.data.eq(bus.w_data.replicate(P // 2)),
-                                     w_wr.en.eq(Const(0b11, 2) << (pair * 2))]
-                        m.d.comb += ack()
-                    with m.Else():
-                        # read: address, then the word into the update unit's u_word, which
-                        # shifts down a lane per cycle until the pair is at its bottom (no
-                        # P * 16-to-32 multiplexer; the link is far slower than this)
-                        with m.Switch(bus_phase):
-                            with m.Case(0):
-                                m.d.comb += [bus_w_rd.eq(1), bus_w_addr.eq(word)]
-                                m.d.sync += [bus_phase.eq(1), bus_lanes_left.eq(pair << 1)]
-                            with m.Case(1):
-                                m.d.comb += u_word_load.eq(1)
-                                m.d.sync += bus_phase.eq(2)
-                            with m.Default():
-                                with m.If(bus_lanes_left != 0):
-                                    m.d.comb += u_word_shift.eq(1)
-                                    m.d.sync += bus_lanes_left.eq(bus_lanes_left - 1)
-                                with m.Else():
-                                    m.d.comb += ack(u_word[:32])
-                                    m.d.sync += bus_phase.eq(0)
-                with m.Case(regions["acts"]):
-                    # four bytes per bus word, written one per cycle; bytes past the input
-                    # region (batch * inputs of layer 0) are not written (nor counted)
-                    byte = Cat(bus_a_byte, offset)
-                    with m.If(offset >= (bld.act_bytes + 3) // 4):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr & (limit_start | ~mul.done)):
-                        pass        # wait: the multiplier is recomputing the limit
-                    with m.Elif(wr):
-                        with m.If(byte < mul.product):
-                            m.d.comb += [a_wr.addr.eq(byte), a_wr.en.eq(1),
-                                         a_wr.data.eq(bus.w_data.word_select(bus_a_byte,
-                                                                             spec.ACT_BITS)),
-                                         count("act_writes")]
-                        m.d.sync += bus_a_byte.eq(bus_a_byte + 1)
-                        with m.If(bus_a_byte == 3):
-                            m.d.comb += ack()
-                    with m.Else():
-                        m.d.comb += err("bad_value")      # activations are write-only
-                with m.Case(regions["labels"], regions["predictions"]):
-                    idx = Cat(Const(0, 1), offset)
-                    m.d.comb += regs.label_word.eq(offset)
-                    mem_rd = Mux(region == regions["labels"], l_rd.data, p_rd.data)
-                    with m.If(offset >= (bld.max_batch + 1) // 2):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr & (region == regions["labels"]) & ~bus_a_byte[0] &
-                                ((bus.w_data[:spec.LABEL_BITS] >= regs.classes) |
-                                 (bus.w_data[spec.LABEL_BITS:] >= regs.classes))):
-                        # both labels are checked against the class count before either is
-                        # written: a word with a label out of range changes nothing
-                        m.d.comb += err("bad_value")
-                    with m.Elif(wr & (region == regions["labels"])):
-                        m.d.comb += [l_wr.addr.eq(idx | bus_a_byte[0]), l_wr.en.eq(1),
-                                     l_wr.data.eq(bus.w_data.word_select(bus_a_byte[0],
-                                                                         spec.LABEL_BITS))]
-                        m.d.sync += bus_a_byte.eq(Mux(bus_a_byte[0], 0, 1))
-                        with m.If(bus_a_byte[0]):
-                            m.d.comb += ack() + [regs.label_written.eq(1)]
-                    with m.Elif(wr):
-                        m.d.comb += err("bad_value")
-                    with m.Else():
-                        # two reads of a label or prediction, one cycle of latency each
-                        m.d.comb += [l_rd.addr.eq(idx | bus_phase[1]),
-                                     p_rd.addr.eq(idx | bus_phase[1])]
-                        with m.Switch(bus_phase):
-                            with m.Case(0):
-                                m.d.sync += bus_phase.eq(1)
-                            with m.Case(1):
-                                m.d.sync += [bus_rdata.eq(mem_rd), bus_phase.eq(2)]
-                            with m.Case(2):
-                                m.d.sync += bus_phase.eq(3)
-                            with m.Case(3):
-                                m.d.comb += ack(Cat(bus_rdata, mem_rd))
-                                m.d.sync += bus_phase.eq(0)
-                with m.Default():
-                    m.d.comb += err("out_of_range")
+        m.d.comb += [w_wr.addr.eq(win.w_wr_addr), w_wr.data.eq(win.w_wr_data),
+                     w_wr.en.eq(win.w_wr_en),
+                     u_word_load.eq(win.u_word_load), u_word_shift.eq(win.u_word_shift),
+                     win.u_word_low.eq(u_word[:spec.BUS_DATA_BITS]),
+                     a_wr.addr.eq(win.act_wr_addr), a_wr.data.eq(win.act_wr_data),
+                     a_wr.en.eq(win.act_wr_en), count("act_writes", win.act_wr_en),
+                     l_wr.addr.eq(win.label_wr_addr), l_wr.data.eq(win.label_wr_data),
+                     l_wr.en.eq(win.label_wr_en),
+                     regs.label_word.eq(win.label_word), regs.label_written.eq(win.label_written),
+                     l_rd.addr.eq(win.label_rd_addr), p_rd.addr.eq(win.label_rd_addr),
+                     win.label_rd_data.eq(l_rd.data), win.pred_rd_data.eq(p_rd.data)]
 
         # ---------------------------------------------------------------- sequencer state
         l = Signal(range(L + 1))            # current layer
