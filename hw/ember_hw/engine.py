@@ -51,6 +51,7 @@ from .loss import SoftmaxGradUnit
 from .memwindow import MemoryWindow
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
+from .stopper import CommandStop
 from .update import UpdateUnit
 from .weights import WeightMemory
 from .writeback import ForwardWriteback
@@ -218,7 +219,6 @@ class EngineCore(wiring.Component):
         # (ember_hw.memwindow)
         region = bus.addr[spec.REGION_BITS:]
         offset = bus.addr[:spec.REGION_BITS]
-        code = spec.LINK_STATUS
         desc_loading = Signal()             # the sequencer has the descriptor read port
         desc_addr = Signal.like(regs.desc_addr)
         m.d.comb += [regs.desc_loading.eq(desc_loading), regs.desc_addr.eq(desc_addr),
@@ -1152,50 +1152,22 @@ class EngineCore(wiring.Component):
             m.d.comb += count(name, sum(fsm.ongoing(st) for st in states) != 0)
 
         # ---------------------------------------------------------------- stopping a command
-        # (docs/protocol.md section 10) A command stops before its end
-        # - on an abort (CONTROL_ABORT), unless it has written a weight: then it runs to its
-        #   end, so that an abort never leaves a training step half applied;
-        # - when it has run `watchdog` cycles, at once, wherever it is (STOPPED says what it
-        #   left: which layer's update it was in).
-        # Stopping sends the sequencer to IDLE (seq_state) and resets the units that may be half
-        # way through something (ResetInserter above). The memories keep their contents; of
-        # what a command writes, only the weights outlive it (every phase sets up its pointers,
-        # accumulators and units before it uses them), so the next command runs as on an engine
-        # that never ran the stopped one (tests/test_liveness.py).
-        watchdog = settings.watchdog
-        cycles_left = Signal.like(watchdog)     # cycles the command may still run
-        expired = Signal()                      # it has run `watchdog` cycles (never without
-        has_watchdog = "watchdog" in bld.features   # the unit: only an abort stops)
-        abort_req = Signal()
-        weights_touched = Signal()              # it has written a weight
-        stopped = Signal.like(regs.stopped)
-        m.d.comb += regs.stopped.eq(stopped)
-        with m.If(fsm.ongoing("IDLE") & (start_train | start_infer)):
-            m.d.sync += [abort_req.eq(0), weights_touched.eq(0), stopped.eq(0)]
-            if has_watchdog:
-                m.d.sync += [cycles_left.eq(watchdog), expired.eq(0)]
-        if has_watchdog:
-            with m.Elif(busy):
-                m.d.sync += [cycles_left.eq(cycles_left - 1), expired.eq(cycles_left == 1)]
-        with m.If(regs.abort):
-            m.d.sync += abort_req.eq(1)
-        with m.If(upd.wr_en):
-            m.d.sync += weights_touched.eq(1)
-        m.d.comb += stop.eq(busy & (expired | (abort_req & ~weights_touched & ~upd.wr_en)))
-        changed = weights_touched | upd.wr_en
-        fields = {"stopped": 1, "watchdog": expired, "weights_changed": changed,
-                  "layer": Mux(changed, l, 0)}
-        stop_word = Const(0, len(stopped))
-        for name, (lo, bits) in spec.STOP_FIELDS.items():
-            stop_word = stop_word | (Cat(fields[name])[:bits] << lo)
+        # (docs/protocol.md section 10) When a command stops (an abort before its first weight
+        # write, or the watchdog: ember_hw.stopper decides, and keeps STOPPED and the
+        # command's answer), the sequencer goes to IDLE (seq_state) and the units that may be
+        # half way through something are reset (ResetInserter above). The memories keep their
+        # contents; of what a command writes, only the weights outlive it (every phase sets up
+        # its pointers, accumulators and units before it uses them), so the next command runs
+        # as on an engine that never ran the stopped one (tests/test_liveness.py).
+        m.submodules.stopper = stopper = CommandStop(bld)
+        m.d.comb += [stopper.start.eq(fsm.ongoing("IDLE") & (start_train | start_infer)),
+                     stopper.busy.eq(busy), stopper.abort.eq(regs.abort),
+                     stopper.weight_write.eq(upd.wr_en), stopper.layer.eq(l),
+                     stopper.watchdog.eq(settings.watchdog),
+                     stop.eq(stopper.stop), regs.stopped.eq(stopper.stopped),
+                     bus.cmd_status.eq(stopper.cmd_status)]
         with m.If(stop):
-            m.d.sync += [busy.eq(0), limit_start.eq(1), stopped.eq(stop_word)]
-        # the last command's outcome, from STOPPED (held until the next command starts)
-        field = {name: stopped[lo] for name, (lo, _) in spec.STOP_FIELDS.items()}
-        m.d.comb += bus.cmd_status.eq(Mux(field["stopped"],
-                                          Mux(field["watchdog"], code["watchdog"],
-                                              code["aborted"]),
-                                          code["ok"]))
+            m.d.sync += [busy.eq(0), limit_start.eq(1)]
 
         # ---------------------------------------------------------------- memory collisions
         # No command uses what a memory read returns for a word written in the same cycle
