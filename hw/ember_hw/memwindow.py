@@ -18,9 +18,10 @@ while the host talks to it). The region layouts (spec.ADDRESS_MAP):
   ``out_of_range`` past ``max_batch``.
 - any other region but 0: ``out_of_range``.
 
-The window drives the memories' ports through the engine, which connects them only while no
-command runs (the sequencer owns them then; while ``busy`` the window requests nothing).
-Each request port is 0 in a cycle that does not use it.
+The window's requests go to the memories' ports through the engine, which connects them
+before the sequencer's own port assignments: those take over while a command runs, and the
+window requests nothing while ``busy``. Each request port is 0 in a cycle that does not use
+it.
 
 `MemoryWindow(build)`: widths and sizes from the ``spec.Build`` (the memory ports' address
 widths those of the engine's memories: ceil_log2 of their depths).
@@ -28,7 +29,7 @@ widths those of the engine's memories: ceil_log2 of their depths).
 Ports (sync domain; the answer is combinational: the engine registers it before it reaches
 the bus, see EngineCore):
 
-  sel:            In(1) -- an access to a memory region is active (held until answered;
+  sel:            In(1) -- an access to any region but 0 is active (held until answered;
                   low in the cycle after the answer, when the engine's registered answer
                   is on the bus).
   addr:           In(BUS_ADDR_BITS) -- the bus word address (region and offset).
