@@ -48,8 +48,10 @@ from .lanes import MacLanes
 from .regbank import RegisterBank
 from .requant import DxRequantizer
 from .loss import SoftmaxGradUnit
+from .memwindow import MemoryWindow
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
+from .stopper import CommandStop
 from .update import UpdateUnit
 from .weights import WeightMemory
 from .writeback import ForwardWriteback
@@ -213,14 +215,10 @@ class EngineCore(wiring.Component):
         m.d.comb += bus.cmd_done.eq(busy_was & ~busy)
 
         # ---------------------------------------------------------------- bus slave
-        # the "regs" region is the register bank's; the memory regions are decoded here
+        # the "regs" region is the register bank's, the memory regions the memory window's
+        # (ember_hw.memwindow)
         region = bus.addr[spec.REGION_BITS:]
         offset = bus.addr[:spec.REGION_BITS]
-        regions = {name: base >> spec.REGION_BITS for name, (base, _) in spec.ADDRESS_MAP.items()
-                   if base >> spec.REGION_BITS}
-        code = spec.LINK_STATUS
-        bus_phase = Signal(2)        # sub-steps of multi-cycle accesses
-        bus_rdata = Signal(spec.LABEL_BITS)
         desc_loading = Signal()             # the sequencer has the descriptor read port
         desc_addr = Signal.like(regs.desc_addr)
         m.d.comb += [regs.desc_loading.eq(desc_loading), regs.desc_addr.eq(desc_addr),
@@ -238,15 +236,6 @@ class EngineCore(wiring.Component):
                      bus.r_data.eq(answer_data), bus.defer.eq(answer_defer)]
         m.d.comb += regs.owing.eq(bus.owing)
 
-        def ack(data=None):
-            stmts = [answer_ack.eq(1)]
-            if data is not None:
-                stmts.append(answer_data.eq(data))
-            return stmts
-
-        def err(name):
-            return [answer_err.eq(1), answer_data.eq(code[name])]
-
         # the master drops its strobe in the cycle after the answer (bus contract); the answer
         # is on the bus a cycle after it is decided, and in that cycle the access is over
         active = Signal()
@@ -254,113 +243,38 @@ class EngineCore(wiring.Component):
         wr = bus.w_stb
         m.d.comb += [regs.sel.eq(active & (region == 0)), regs.addr.eq(offset),
                      regs.write.eq(wr), regs.w_data.eq(bus.w_data)]
-        # memory ports driven by the bus when idle (the sequencer owns them when busy)
-        bus_w_addr = Signal.like(w_rd.addr)
-        bus_w_rd = Signal()                 # the bus reads a weight word (w_rd.en when idle)
+        m.submodules.window = win = MemoryWindow(bld)
+        m.d.comb += [win.sel.eq(active & (region != 0)), win.addr.eq(bus.addr),
+                     win.write.eq(wr), win.w_data.eq(bus.w_data), win.busy.eq(busy),
+                     win.act_limit.eq(mul.product), win.limit_ready.eq(~limit_start & mul.done),
+                     win.classes.eq(regs.classes)]
+        with m.If(active):
+            with m.If(region == 0):
+                m.d.comb += [answer_ack.eq(regs.ack), answer_err.eq(regs.err),
+                             answer_data.eq(regs.data), answer_defer.eq(regs.defer)]
+            with m.Else():
+                m.d.comb += [answer_ack.eq(win.ack), answer_err.eq(win.err),
+                             answer_data.eq(win.data)]
+        # memory ports driven by the window when idle (it requests nothing while busy; the
+        # sequencer's states, below, drive them then)
+        bus_w_addr = win.w_rd_addr
+        bus_w_rd = win.w_rd                 # the bus reads a weight word (w_rd.en when idle)
         # (the lanes' data registers are reset_less: every phase writes them before it reads
         # them, and a reset net to thousands of flip-flops only costs routing)
         u_word = Signal(P * W, reset_less=True)     # a weight word, shifted down a lane a cycle
-        bus_lanes_left = Signal(range(P))   # lanes u_word still shifts for a bus read
         u_word_load = Signal()              # u_word <- the weight word read last cycle
         u_word_shift = Signal()             # u_word shifts down one lane
-        bus_a_byte = Signal(2)
-
-        with m.If(active):
-            with m.Switch(region):
-                with m.Case(0):
-                    m.d.comb += [answer_ack.eq(regs.ack), answer_err.eq(regs.err),
-                                 answer_data.eq(regs.data), answer_defer.eq(regs.defer)]
-                with m.Case(regions["weights"]):
-                    # two lanes per bus word; word = offset*2 // P
-                    word = offset[LOGP - 1:]
-                    pair = offset[:LOGP - 1] if LOGP > 1 else Const(0, 1)
-                    with m.If(word >= bld.weight_words):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr):
-                        m.d.comb += [w_wr.addr.eq(word),
-                                     w_wr.data.eq(bus.w_data.replicate(P // 2)),
-                                     w_wr.en.eq(Const(0b11, 2) << (pair * 2))]
-                        m.d.comb += ack()
-                    with m.Else():
-                        # read: address, then the word into the update unit's u_word, which
-                        # shifts down a lane per cycle until the pair is at its bottom (no
-                        # P * 16-to-32 multiplexer; the link is far slower than this)
-                        with m.Switch(bus_phase):
-                            with m.Case(0):
-                                m.d.comb += [bus_w_rd.eq(1), bus_w_addr.eq(word)]
-                                m.d.sync += [bus_phase.eq(1), bus_lanes_left.eq(pair << 1)]
-                            with m.Case(1):
-                                m.d.comb += u_word_load.eq(1)
-                                m.d.sync += bus_phase.eq(2)
-                            with m.Default():
-                                with m.If(bus_lanes_left != 0):
-                                    m.d.comb += u_word_shift.eq(1)
-                                    m.d.sync += bus_lanes_left.eq(bus_lanes_left - 1)
-                                with m.Else():
-                                    m.d.comb += ack(u_word[:32])
-                                    m.d.sync += bus_phase.eq(0)
-                with m.Case(regions["acts"]):
-                    # four bytes per bus word, written one per cycle; bytes past the input
-                    # region (batch * inputs of layer 0) are not written (nor counted)
-                    byte = Cat(bus_a_byte, offset)
-                    with m.If(offset >= (bld.act_bytes + 3) // 4):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr & (limit_start | ~mul.done)):
-                        pass        # wait: the multiplier is recomputing the limit
-                    with m.Elif(wr):
-                        with m.If(byte < mul.product):
-                            m.d.comb += [a_wr.addr.eq(byte), a_wr.en.eq(1),
-                                         a_wr.data.eq(bus.w_data.word_select(bus_a_byte,
-                                                                             spec.ACT_BITS)),
-                                         count("act_writes")]
-                        m.d.sync += bus_a_byte.eq(bus_a_byte + 1)
-                        with m.If(bus_a_byte == 3):
-                            m.d.comb += ack()
-                    with m.Else():
-                        m.d.comb += err("bad_value")      # activations are write-only
-                with m.Case(regions["labels"], regions["predictions"]):
-                    idx = Cat(Const(0, 1), offset)
-                    m.d.comb += regs.label_word.eq(offset)
-                    mem_rd = Mux(region == regions["labels"], l_rd.data, p_rd.data)
-                    with m.If(offset >= (bld.max_batch + 1) // 2):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr & (region == regions["labels"]) & ~bus_a_byte[0] &
-                                ((bus.w_data[:spec.LABEL_BITS] >= regs.classes) |
-                                 (bus.w_data[spec.LABEL_BITS:] >= regs.classes))):
-                        # both labels are checked against the class count before either is
-                        # written: a word with a label out of range changes nothing
-                        m.d.comb += err("bad_value")
-                    with m.Elif(wr & (region == regions["labels"])):
-                        m.d.comb += [l_wr.addr.eq(idx | bus_a_byte[0]), l_wr.en.eq(1),
-                                     l_wr.data.eq(bus.w_data.word_select(bus_a_byte[0],
-                                                                         spec.LABEL_BITS))]
-                        m.d.sync += bus_a_byte.eq(Mux(bus_a_byte[0], 0, 1))
-                        with m.If(bus_a_byte[0]):
-                            m.d.comb += ack() + [regs.label_written.eq(1)]
-                    with m.Elif(wr):
-                        m.d.comb += err("bad_value")
-                    with m.Else():
-                        # two reads of a label or prediction, one cycle of latency each
-                        m.d.comb += [l_rd.addr.eq(idx | bus_phase[1]),
-                                     p_rd.addr.eq(idx | bus_phase[1])]
-                        with m.Switch(bus_phase):
-                            with m.Case(0):
-                                m.d.sync += bus_phase.eq(1)
-                            with m.Case(1):
-                                m.d.sync += [bus_rdata.eq(mem_rd), bus_phase.eq(2)]
-                            with m.Case(2):
-                                m.d.sync += bus_phase.eq(3)
-                            with m.Case(3):
-                                m.d.comb += ack(Cat(bus_rdata, mem_rd))
-                                m.d.sync += bus_phase.eq(0)
-                with m.Default():
-                    m.d.comb += err("out_of_range")
+        m.d.comb += [w_wr.addr.eq(win.w_wr_addr), w_wr.data.eq(win.w_wr_data),
+                     w_wr.en.eq(win.w_wr_en),
+                     u_word_load.eq(win.u_word_load), u_word_shift.eq(win.u_word_shift),
+                     win.u_word_low.eq(u_word[:spec.BUS_DATA_BITS]),
+                     a_wr.addr.eq(win.act_wr_addr), a_wr.data.eq(win.act_wr_data),
+                     a_wr.en.eq(win.act_wr_en), count("act_writes", win.act_wr_en),
+                     l_wr.addr.eq(win.label_wr_addr), l_wr.data.eq(win.label_wr_data),
+                     l_wr.en.eq(win.label_wr_en),
+                     regs.label_word.eq(win.label_word), regs.label_written.eq(win.label_written),
+                     l_rd.addr.eq(win.label_rd_addr), p_rd.addr.eq(win.label_rd_addr),
+                     win.label_rd_data.eq(l_rd.data), win.pred_rd_data.eq(p_rd.data)]
 
         # ---------------------------------------------------------------- sequencer state
         l = Signal(range(L + 1))            # current layer
@@ -1238,50 +1152,22 @@ class EngineCore(wiring.Component):
             m.d.comb += count(name, sum(fsm.ongoing(st) for st in states) != 0)
 
         # ---------------------------------------------------------------- stopping a command
-        # (docs/protocol.md section 10) A command stops before its end
-        # - on an abort (CONTROL_ABORT), unless it has written a weight: then it runs to its
-        #   end, so that an abort never leaves a training step half applied;
-        # - when it has run `watchdog` cycles, at once, wherever it is (STOPPED says what it
-        #   left: which layer's update it was in).
-        # Stopping sends the sequencer to IDLE (seq_state) and resets the units that may be half
-        # way through something (ResetInserter above). The memories keep their contents; of
-        # what a command writes, only the weights outlive it (every phase sets up its pointers,
-        # accumulators and units before it uses them), so the next command runs as on an engine
-        # that never ran the stopped one (tests/test_liveness.py).
-        watchdog = settings.watchdog
-        cycles_left = Signal.like(watchdog)     # cycles the command may still run
-        expired = Signal()                      # it has run `watchdog` cycles (never without
-        has_watchdog = "watchdog" in bld.features   # the unit: only an abort stops)
-        abort_req = Signal()
-        weights_touched = Signal()              # it has written a weight
-        stopped = Signal.like(regs.stopped)
-        m.d.comb += regs.stopped.eq(stopped)
-        with m.If(fsm.ongoing("IDLE") & (start_train | start_infer)):
-            m.d.sync += [abort_req.eq(0), weights_touched.eq(0), stopped.eq(0)]
-            if has_watchdog:
-                m.d.sync += [cycles_left.eq(watchdog), expired.eq(0)]
-        if has_watchdog:
-            with m.Elif(busy):
-                m.d.sync += [cycles_left.eq(cycles_left - 1), expired.eq(cycles_left == 1)]
-        with m.If(regs.abort):
-            m.d.sync += abort_req.eq(1)
-        with m.If(upd.wr_en):
-            m.d.sync += weights_touched.eq(1)
-        m.d.comb += stop.eq(busy & (expired | (abort_req & ~weights_touched & ~upd.wr_en)))
-        changed = weights_touched | upd.wr_en
-        fields = {"stopped": 1, "watchdog": expired, "weights_changed": changed,
-                  "layer": Mux(changed, l, 0)}
-        stop_word = Const(0, len(stopped))
-        for name, (lo, bits) in spec.STOP_FIELDS.items():
-            stop_word = stop_word | (Cat(fields[name])[:bits] << lo)
+        # (docs/protocol.md section 10) When a command stops (an abort before its first weight
+        # write, or the watchdog: ember_hw.stopper decides, and keeps STOPPED and the
+        # command's answer), the sequencer goes to IDLE (seq_state) and the units that may be
+        # half way through something are reset (ResetInserter above). The memories keep their
+        # contents; of what a command writes, only the weights outlive it (every phase sets up
+        # its pointers, accumulators and units before it uses them), so the next command runs
+        # as on an engine that never ran the stopped one (tests/test_liveness.py).
+        m.submodules.stopper = stopper = CommandStop(bld)
+        m.d.comb += [stopper.start.eq(fsm.ongoing("IDLE") & (start_train | start_infer)),
+                     stopper.busy.eq(busy), stopper.abort.eq(regs.abort),
+                     stopper.weight_write.eq(upd.wr_en), stopper.layer.eq(l),
+                     stopper.watchdog.eq(settings.watchdog),
+                     stop.eq(stopper.stop), regs.stopped.eq(stopper.stopped),
+                     bus.cmd_status.eq(stopper.cmd_status)]
         with m.If(stop):
-            m.d.sync += [busy.eq(0), limit_start.eq(1), stopped.eq(stop_word)]
-        # the last command's outcome, from STOPPED (held until the next command starts)
-        field = {name: stopped[lo] for name, (lo, _) in spec.STOP_FIELDS.items()}
-        m.d.comb += bus.cmd_status.eq(Mux(field["stopped"],
-                                          Mux(field["watchdog"], code["watchdog"],
-                                              code["aborted"]),
-                                          code["ok"]))
+            m.d.sync += [busy.eq(0), limit_start.eq(1)]
 
         # ---------------------------------------------------------------- memory collisions
         # No command uses what a memory read returns for a word written in the same cycle

@@ -1,0 +1,235 @@
+"""The memory window: the engine's bus slave for its memory regions (weights, activations,
+labels, predictions and every unmapped region; not region 0, the register bank's).
+
+Golden twin: the memory half of ``ember.virtual.VirtualEngine`` (its ``read``/``write`` of the
+regions above), which the model backend answers the host with, and ``spec.ADDRESS_MAP`` and
+``spec.LINK_STATUS``: the same words, the same error codes, the same bytes written where.
+While a command runs the window answers ``busy`` to every access (the model never runs one
+while the host talks to it). The region layouts (spec.ADDRESS_MAP):
+
+- weights: two 16-bit lanes per bus word, low lane first; word ``offset * 2 // P``, lanes
+  ``offset * 2 % P`` and the next. Read and write; ``out_of_range`` past ``weight_words``.
+- acts: four bytes per bus word, byte ``4 * offset + i`` from bits ``8i..8i+7``; a byte at or
+  past the input batch's size (``act_limit``: batch * inputs of layer 0) is dropped, and
+  only written bytes are counted (``act_wr_en``). Write only (a read: ``bad_value``);
+  ``out_of_range`` past ``act_bytes``.
+- labels: two labels per word, low first; a write with either label at or above ``classes``
+  is refused (``bad_value``) and writes neither. Predictions: the same layout, read only.
+  ``out_of_range`` past ``max_batch``.
+- any other region but 0: ``out_of_range``.
+
+The window's requests go to the memories' ports through the engine, which connects them
+before the sequencer's own port assignments: those take over while a command runs, and the
+window requests nothing while ``busy``. Each request port is 0 in a cycle that does not use
+it.
+
+`MemoryWindow(build)`: widths and sizes from the ``spec.Build`` (the memory ports' address
+widths those of the engine's memories: ceil_log2 of their depths).
+
+Ports (sync domain; the answer is combinational: the engine registers it before it reaches
+the bus, see EngineCore):
+
+  sel:            In(1) -- an access to any region but 0 is active (held until answered;
+                  low in the cycle after the answer, when the engine's registered answer
+                  is on the bus).
+  addr:           In(BUS_ADDR_BITS) -- the bus word address (region and offset).
+  write, w_data:  In(1), In(BUS_DATA_BITS) -- the access is a write of w_data.
+  ack, err, data: Out(1), Out(1), Out(BUS_DATA_BITS) -- the answer, in the cycle it is
+                  decided: ack (data: the word read) or err (data: a LINK_STATUS code).
+  busy:           In(1) -- a command runs: every access is answered ``busy``.
+  act_limit:      In -- the input batch's size in bytes (batch * inputs of layer 0), valid
+                  while ``limit_ready``.
+  limit_ready:    In(1) -- act_limit is valid (the engine's serial product is done and not
+                  being restarted); an activation write waits until it is.
+  classes:        In -- the class count labels are checked against (RegisterBank.classes).
+  w_wr_addr, w_wr_data, w_wr_en: Out -- a weight write (w_wr_en: one enable per lane).
+  w_rd, w_rd_addr: Out -- read weight word w_rd_addr (its data in the next cycle).
+  u_word_load:    Out(1) -- the engine's u_word register takes the weight word read last
+                  cycle.
+  u_word_shift:   Out(1) -- u_word shifts down a lane.
+  u_word_low:     In(BUS_DATA_BITS) -- u_word's two lowest lanes.
+  act_wr_addr, act_wr_data, act_wr_en: Out -- an activation byte write (act_wr_en is also
+                  the ``act_writes`` counter's strobe).
+  label_wr_addr, label_wr_data, label_wr_en: Out -- a label write.
+  label_written:  Out(1) -- label word ``label_word`` has been written (both its labels).
+  label_word:     Out -- the label word of the access (valid with label_written).
+  label_rd_addr:  Out -- the label and prediction memories' read address (one cycle latency).
+  label_rd_data, pred_rd_data: In(LABEL_BITS) -- their read data.
+
+Timing (c: the first cycle of ``sel``): a weight write, a label write of the second label,
+and every error are answered in c (the first label of a word is written in c, the second in
+c + 1, answered then); a weight read reads in c, loads u_word in c + 1, shifts it down
+``offset * 2 % P`` lanes in c + 2 onwards and is answered in the cycle after the last shift;
+an activation write writes a byte a cycle from c (after any wait for ``limit_ready``) and is
+answered with the fourth; a label or prediction read is answered in c + 3.
+"""
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ember import spec
+
+
+class MemoryWindow(wiring.Component):
+    """The bus slave of the engine's memory regions (module docstring)."""
+
+    def __init__(self, build=spec.DEFAULT_BUILD):
+        self.build = build
+        P = build.lanes
+        W = spec.WEIGHT_BITS
+        # the input batch's size fits the product of its factors' registers' widths
+        limit_bits = (build.settings()["batch"].bits + build.descriptor_fields()["inputs"].bits)
+        super().__init__({
+            "sel": In(1),
+            "addr": In(spec.BUS_ADDR_BITS),
+            "write": In(1),
+            "w_data": In(spec.BUS_DATA_BITS),
+            "ack": Out(1),
+            "err": Out(1),
+            "data": Out(spec.BUS_DATA_BITS),
+            "busy": In(1),
+            "act_limit": In(limit_bits),
+            "limit_ready": In(1),
+            "classes": In(build.descriptor_fields()["outputs"].bits),
+            "w_wr_addr": Out(ceil_log2(build.weight_words)),
+            "w_wr_data": Out(P * W),
+            "w_wr_en": Out(P),
+            "w_rd": Out(1),
+            "w_rd_addr": Out(ceil_log2(build.weight_words)),
+            "u_word_load": Out(1),
+            "u_word_shift": Out(1),
+            "u_word_low": In(spec.BUS_DATA_BITS),
+            "act_wr_addr": Out(ceil_log2(build.act_bytes)),
+            "act_wr_data": Out(spec.ACT_BITS),
+            "act_wr_en": Out(1),
+            "label_wr_addr": Out(ceil_log2(build.max_batch)),
+            "label_wr_data": Out(spec.LABEL_BITS),
+            "label_wr_en": Out(1),
+            "label_written": Out(1),
+            "label_word": Out(range((build.max_batch + 1) // 2)),
+            "label_rd_addr": Out(ceil_log2(build.max_batch)),
+            "label_rd_data": In(spec.LABEL_BITS),
+            "pred_rd_data": In(spec.LABEL_BITS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bld = self.build
+        P = bld.lanes
+        LOGP = P.bit_length() - 1
+        region = self.addr[spec.REGION_BITS:]
+        offset = self.addr[:spec.REGION_BITS]
+        regions = {name: base >> spec.REGION_BITS for name, (base, _) in spec.ADDRESS_MAP.items()
+                   if base >> spec.REGION_BITS}
+        code = spec.LINK_STATUS
+        wr = self.write
+        bus_phase = Signal(2)               # sub-steps of multi-cycle accesses
+        bus_rdata = Signal(spec.LABEL_BITS)     # a read's first label or prediction
+        lanes_left = Signal(range(P))       # lanes u_word still shifts for a weight read
+        byte_step = Signal(2)               # the byte (acts) or label (bit 0) being written
+
+        def ack(data=None):
+            stmts = [self.ack.eq(1)]
+            if data is not None:
+                stmts.append(self.data.eq(data))
+            return stmts
+
+        def err(name):
+            return [self.err.eq(1), self.data.eq(code[name])]
+
+        with m.If(self.sel):
+            with m.Switch(region):
+                with m.Case(regions["weights"]):
+                    # two lanes per bus word; word = offset*2 // P
+                    word = offset[LOGP - 1:]
+                    pair = offset[:LOGP - 1] if LOGP > 1 else Const(0, 1)
+                    with m.If(word >= bld.weight_words):
+                        m.d.comb += err("out_of_range")
+                    with m.Elif(self.busy):
+                        m.d.comb += err("busy")
+                    with m.Elif(wr):
+                        m.d.comb += [self.w_wr_addr.eq(word),
+                                     self.w_wr_data.eq(self.w_data.replicate(P // 2)),
+                                     self.w_wr_en.eq(Const(0b11, 2) << (pair * 2))]
+                        m.d.comb += ack()
+                    with m.Else():
+                        # read: address, then the word into the update unit's u_word, which
+                        # shifts down a lane per cycle until the pair is at its bottom (no
+                        # P * 16-to-32 multiplexer; the link is far slower than this)
+                        with m.Switch(bus_phase):
+                            with m.Case(0):
+                                m.d.comb += [self.w_rd.eq(1), self.w_rd_addr.eq(word)]
+                                m.d.sync += [bus_phase.eq(1), lanes_left.eq(pair << 1)]
+                            with m.Case(1):
+                                m.d.comb += self.u_word_load.eq(1)
+                                m.d.sync += bus_phase.eq(2)
+                            with m.Default():
+                                with m.If(lanes_left != 0):
+                                    m.d.comb += self.u_word_shift.eq(1)
+                                    m.d.sync += lanes_left.eq(lanes_left - 1)
+                                with m.Else():
+                                    m.d.comb += ack(self.u_word_low)
+                                    m.d.sync += bus_phase.eq(0)
+                with m.Case(regions["acts"]):
+                    # four bytes per bus word, written one per cycle; bytes past the input
+                    # region (batch * inputs of layer 0) are not written (nor counted)
+                    byte = Cat(byte_step, offset)
+                    with m.If(offset >= (bld.act_bytes + 3) // 4):
+                        m.d.comb += err("out_of_range")
+                    with m.Elif(self.busy):
+                        m.d.comb += err("busy")
+                    with m.Elif(wr & ~self.limit_ready):
+                        pass        # wait: the engine is recomputing the limit
+                    with m.Elif(wr):
+                        with m.If(byte < self.act_limit):
+                            m.d.comb += [self.act_wr_addr.eq(byte), self.act_wr_en.eq(1),
+                                         self.act_wr_data.eq(
+                                             self.w_data.word_select(byte_step, spec.ACT_BITS))]
+                        m.d.sync += byte_step.eq(byte_step + 1)
+                        with m.If(byte_step == 3):
+                            m.d.comb += ack()
+                    with m.Else():
+                        m.d.comb += err("bad_value")      # activations are write-only
+                with m.Case(regions["labels"], regions["predictions"]):
+                    idx = Cat(Const(0, 1), offset)
+                    is_labels = region == regions["labels"]
+                    m.d.comb += self.label_word.eq(offset)
+                    mem_rd = Mux(is_labels, self.label_rd_data, self.pred_rd_data)
+                    with m.If(offset >= (bld.max_batch + 1) // 2):
+                        m.d.comb += err("out_of_range")
+                    with m.Elif(self.busy):
+                        m.d.comb += err("busy")
+                    with m.Elif(wr & is_labels & ~byte_step[0] &
+                                ((self.w_data[:spec.LABEL_BITS] >= self.classes) |
+                                 (self.w_data[spec.LABEL_BITS:] >= self.classes))):
+                        # both labels are checked against the class count before either is
+                        # written: a word with a label out of range changes nothing
+                        m.d.comb += err("bad_value")
+                    with m.Elif(wr & is_labels):
+                        m.d.comb += [self.label_wr_addr.eq(idx | byte_step[0]),
+                                     self.label_wr_en.eq(1),
+                                     self.label_wr_data.eq(
+                                         self.w_data.word_select(byte_step[0], spec.LABEL_BITS))]
+                        m.d.sync += byte_step.eq(Mux(byte_step[0], 0, 1))
+                        with m.If(byte_step[0]):
+                            m.d.comb += ack() + [self.label_written.eq(1)]
+                    with m.Elif(wr):
+                        m.d.comb += err("bad_value")
+                    with m.Else():
+                        # two reads of a label or prediction, one cycle of latency each
+                        m.d.comb += self.label_rd_addr.eq(idx | bus_phase[1])
+                        with m.Switch(bus_phase):
+                            with m.Case(0):
+                                m.d.sync += bus_phase.eq(1)
+                            with m.Case(1):
+                                m.d.sync += [bus_rdata.eq(mem_rd), bus_phase.eq(2)]
+                            with m.Case(2):
+                                m.d.sync += bus_phase.eq(3)
+                            with m.Case(3):
+                                m.d.comb += ack(Cat(bus_rdata, mem_rd))
+                                m.d.sync += bus_phase.eq(0)
+                with m.Default():
+                    m.d.comb += err("out_of_range")
+        return m
