@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ember-installed
+# the test and fleet extras (pytest, Ray) on top: make test and make bench need them, make
+# train does not, and a fresh clone's make train does not wait for them
+TEST_STAMP := $(VENV)/.ember-test-installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
@@ -26,16 +29,20 @@ help:
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,fleet]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	@touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,fleet]'
+	@touch $(TEST_STAMP)
 
 train: $(STAMP)
 	$(BIN)/ember train --backend sim --preset e2train --reference $(ARGS)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+test: $(TEST_STAMP)
+	$(BIN)/python -m pytest -n 2 --durations=25 $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python -m ember.bench $(ARGS)
 	$(BIN)/python -m ember.bench --fleet $(ARGS)
 
