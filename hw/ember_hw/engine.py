@@ -93,8 +93,33 @@ class EngineCore(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         s = _Sequencer(m, self.build)
+        self._memories(m, s)
+        self._register_bank(m, s)
+        self._counters(m, s)
+        self._bus_slave(m, s)
+        self._sequencer_registers(m, s)
+        self._lane_datapath(m, s)
 
-        # ---------------------------------------------------------------- memories
+        # --------------------------------------------------------------------- the FSM
+        with m.FSM(name="seq") as fsm:
+            self._idle(m, s)
+            self._forward(m, s)
+            self._loss(m, s)
+            self._backward_layer(m, s)
+            self._input_grad(m, s)
+            self._weight_grad(m, s)
+            self._update_and_next(m, s)
+        s.fsm = fsm
+        self._input_grad_pipeline(m, s)
+        self._writeback_and_update(m, s)
+        self._shifter_and_lanes(m, s)
+        self._cycle_counters(m, s)
+        self._stopping(m, s)
+        self._collisions(m, s)
+        return m
+
+    def _memories(self, m, s):
+        """The memories and their ports, the units a stopped command resets."""
         m.submodules.wmem = wmem = self.wmem
         m.submodules.amem = amem = Memory(shape=unsigned(spec.ACT_BITS), depth=s.bld.act_bytes,
                                           init=[])
@@ -142,7 +167,8 @@ class EngineCore(wiring.Component):
         if s.has_random:
             m.submodules.lfsr = s.lfsr = Lfsr16()
 
-        # ---------------------------------------------------------------- register bank
+    def _register_bank(self, m, s):
+        """The register bank and its settings; the serial multiplier."""
         # the settings, layer descriptors and CONTROL (ember_hw.regbank, from spec's tables);
         # a build without an optional unit has no register for its settings (they read as
         # their init, constantly)
@@ -180,7 +206,8 @@ class EngineCore(wiring.Component):
         m.d.sync += s.limit_start.eq(s.regs.limit_changed)
         m.d.comb += [s.mul.start.eq(s.limit_start), s.mul.a.eq(s.batch), s.mul.b.eq(inputs0)]
 
-        # ---------------------------------------------------------------- counters
+    def _counters(self, m, s):
+        """The event counters."""
         # the largest amount each counter can take in one cycle sizes its pre-counter
         bnk = s.bld.max_batch * s.bld.max_width * s.bld.max_width
         bounds = {name: 1 for name in spec.COUNTERS}
@@ -195,7 +222,8 @@ class EngineCore(wiring.Component):
         m.d.comb += [s.counters.clear.eq(s.regs.clear_counters),
                      s.inc["link_rx_bytes"].eq(self.link_rx), s.inc["link_tx_bytes"].eq(self.link_tx)]
 
-        # ---------------------------------------------------------------- command state
+    def _bus_slave(self, m, s):
+        """The command state; the bus slave (register bank and memory window)."""
         s.busy = Signal()
         s.infer_mode = Signal()
         m.d.comb += self.busy.eq(s.busy)
@@ -270,7 +298,9 @@ class EngineCore(wiring.Component):
                      s.l_rd.addr.eq(win.label_rd_addr), s.p_rd.addr.eq(win.label_rd_addr),
                      win.label_rd_data.eq(s.l_rd.data), win.pred_rd_data.eq(s.p_rd.data)]
 
-        # ---------------------------------------------------------------- sequencer state
+    def _sequencer_registers(self, m, s):
+        """The sequencer's loop indices, the current layer's descriptor
+        registers and its running pointers."""
         s.l = Signal(range(s.L + 1))            # current layer
         s.b = Signal(s.BATCH)
         s.j = Signal(s.WIDTH)
@@ -306,6 +336,9 @@ class EngineCore(wiring.Component):
         s.w_row = Signal.like(s.wbase)          # weight word of (j, k=0)
         s.g_row = Signal(_bits(s.bld.grad_words))   # gradient word of (b, j=0) (REQ: the half below)
 
+    def _lane_datapath(self, m, s):
+        """The lanes' datapath, the shared shifter and the scalar helpers
+        the phases share; the memory ports' defaults."""
         # lane datapath
         # accumulators as wide as this build's largest sums (spec.Build.*_bits)
         LACC, s.DACC, s.PRED = s.bld.lane_acc_bits(), s.bld.dx_acc_bits(), s.bld.pred_bits()
@@ -416,595 +449,616 @@ class EngineCore(wiring.Component):
         with m.If(~s.busy):
             m.d.comb += s.w_rd.addr.eq(s.bus_w_addr)
 
-        # --------------------------------------------------------------------- the FSM
-        with m.FSM(name="seq") as fsm:
-            with s.seq_state("IDLE"):
-                with m.If(s.start_train | s.start_infer):
-                    # (desc_step: a stopped command may have left a descriptor half loaded)
-                    m.d.sync += [s.busy.eq(1), s.infer_mode.eq(s.start_infer), s.b.eq(0), s.l.eq(0),
-                                 s.j.eq(0), s.correct.eq(0), s.correction.eq(0), s.cur_half.eq(0),
-                                 s.desc_step.eq(0)]
-                    if s.has_random:
-                        m.d.comb += [s.lfsr.load.eq(1), s.lfsr.seed.eq(s.lfsr_seed)]
-                    m.next = "DESC_FWD"
+    def _idle(self, m, s):
+        """IDLE and DESC_FWD: start a command, load layer l's descriptor."""
+        with s.seq_state("IDLE"):
+            with m.If(s.start_train | s.start_infer):
+                # (desc_step: a stopped command may have left a descriptor half loaded)
+                m.d.sync += [s.busy.eq(1), s.infer_mode.eq(s.start_infer), s.b.eq(0), s.l.eq(0),
+                             s.j.eq(0), s.correct.eq(0), s.correction.eq(0), s.cur_half.eq(0),
+                             s.desc_step.eq(0)]
+                if s.has_random:
+                    m.d.comb += [s.lfsr.load.eq(1), s.lfsr.seed.eq(s.lfsr_seed)]
+                m.next = "DESC_FWD"
 
-            # ---------------- layer l's descriptor into K, N, ...: one read a cycle
-            def load_descriptor(then):
-                m.d.comb += s.desc_loading.eq(1)
-                fields = [s.l * spec.LAYER_STRIDE + f for f in range(len(spec.LAYER_FIELDS))]
-                fields.append((s.l + 1) * spec.LAYER_STRIDE + spec.LAYER_FIELDS.index("act_base"))
-                m.d.comb += s.desc_addr.eq(Array(fields)[s.desc_step])
-                blocks = (s.regs.desc_data + s.P - 1) >> s.LOGP
-                with m.Switch(s.desc_step):
-                    for i, reg in enumerate(s.desc_regs):
-                        with m.Case(i + 1):
-                            m.d.sync += reg.eq(s.regs.desc_data)
-                            if reg is s.N:
-                                m.d.sync += s.nb.eq(blocks)
-                            elif reg is s.K:
-                                m.d.sync += s.nb_below.eq(blocks)
-                m.d.sync += s.desc_step.eq(s.desc_step + 1)
-                with m.If(s.desc_step == len(s.desc_regs)):
-                    m.d.sync += s.desc_step.eq(0)
-                    m.next = then
 
-            with s.seq_state("DESC_FWD"):
-                load_descriptor("FWD_LAYER")
+        with s.seq_state("DESC_FWD"):
+            self._load_descriptor(m, s, "FWD_LAYER")
 
-            # ---------------- forward: for l, for b, for j: acc = W[j] . A[b]; write back
-            # (layer by layer over the batch, so that the row pointers step by the layer's
-            # strides K, N and nb)
-            with s.seq_state("FWD_LAYER"):
-                # layer l reads the layer below's outputs: wait until the writeback unit has
-                # written the last of them, then point at sample 0, block 0
-                with m.If(~s.wb_busy):
-                    m.d.sync += [s.a_row.eq(s.abase), s.o_row.eq(s.next_abase), s.w_row.eq(s.wbase),
-                                 s.g_row.eq(s.gbase)]
+    def _load_descriptor(self, m, s, then):
+        """Layer l's descriptor into K, N, ... (one read a cycle), then on to state
+`then`."""
+        m.d.comb += s.desc_loading.eq(1)
+        fields = [s.l * spec.LAYER_STRIDE + f for f in range(len(spec.LAYER_FIELDS))]
+        fields.append((s.l + 1) * spec.LAYER_STRIDE + spec.LAYER_FIELDS.index("act_base"))
+        m.d.comb += s.desc_addr.eq(Array(fields)[s.desc_step])
+        blocks = (s.regs.desc_data + s.P - 1) >> s.LOGP
+        with m.Switch(s.desc_step):
+            for i, reg in enumerate(s.desc_regs):
+                with m.Case(i + 1):
+                    m.d.sync += reg.eq(s.regs.desc_data)
+                    if reg is s.N:
+                        m.d.sync += s.nb.eq(blocks)
+                    elif reg is s.K:
+                        m.d.sync += s.nb_below.eq(blocks)
+        m.d.sync += s.desc_step.eq(s.desc_step + 1)
+        with m.If(s.desc_step == len(s.desc_regs)):
+            m.d.sync += s.desc_step.eq(0)
+            m.next = then
+
+    def _forward(self, m, s):
+        """FWD_*: the forward pass; INF_*: inference's argmax per sample."""
+        # ---------------- forward: for l, for b, for j: acc = W[j] . A[b]; write back
+        # (layer by layer over the batch, so that the row pointers step by the layer's
+        # strides K, N and nb)
+        with s.seq_state("FWD_LAYER"):
+            # layer l reads the layer below's outputs: wait until the writeback unit has
+            # written the last of them, then point at sample 0, block 0
+            with m.If(~s.wb_busy):
+                m.d.sync += [s.a_row.eq(s.abase), s.o_row.eq(s.next_abase), s.w_row.eq(s.wbase),
+                             s.g_row.eq(s.gbase)]
+                m.next = "FWD_ROW"
+        with s.seq_state("FWD_ROW"):
+            m.d.sync += [s.k.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0), s.m2_valid.eq(0),
+                         s.m2_last.eq(0), s.m3_valid.eq(0), s.m3_last.eq(0)]
+            m.d.comb += s.acc_clear.eq(1)
+            m.next = "FWD_RUN"
+        with s.seq_state("FWD_RUN"):
+            # stage 0: read A[b, k]
+            m.d.comb += [s.a_rd.addr.eq(s.a_row + s.k), s.count("act_reads", s.k < s.K)]
+            m.d.sync += [s.s1_valid.eq(s.k < s.K), s.s1_last.eq(s.k == s.K - 1)]
+            with m.If(s.k < s.K):
+                m.d.sync += s.k.eq(s.k + 1)
+            # stage 1: A known; read the weight word unless A is zero and skipping
+            a_val = s.a_rd.data
+            live1 = (a_val != 0) | ~s.zs
+            m.d.comb += s.w_rd.addr.eq(s.w_row + s.k - 1)
+            lanes_valid = Signal(s.P)
+            m.d.comb += lanes_valid.eq(s.kept_dense)
+            with m.If(s.s1_valid):
+                with m.If(live1):
+                    m.d.comb += s.count("weight_reads", popcount(lanes_valid))
+                with m.Else():
+                    m.d.comb += s.count("skip_zero", popcount(lanes_valid))
+            m.d.sync += [s.s2_valid.eq(s.s1_valid), s.s2_live.eq(live1), s.s2_act.eq(a_val),
+                         s.s2_last.eq(s.s1_last)]
+            # stage 2: multiply
+            for i in range(s.P):
+                m.d.comb += [s.mul_a[i].eq(s.w_lane[i]), s.mul_b[i].eq(s.s2_act)]
+            m.d.sync += [s.m2_valid.eq(s.s2_valid & s.s2_live), s.m2_last.eq(s.s2_valid & s.s2_last),
+                         s.m2_gate.eq(lanes_valid)]
+            with m.If(s.s2_valid & s.s2_live):
+                m.d.comb += s.count("mac_forward", popcount(lanes_valid))
+            # stage 3: accumulate
+            m.d.comb += s.acc_add.eq(s.m3_valid)
+            with m.If(s.m3_last):
+                m.next = "FWD_HANDOFF"
+        with s.seq_state("FWD_HANDOFF"):
+            # the writeback unit requantizes and writes this block while the next block
+            # accumulates; the next layer (which reads these outputs) and the loss wait
+            with m.If(~s.wb_busy):
+                m.d.comb += [s.wb.start.eq(1), s.wb.last.eq(s.last_layer), s.wb.shift.eq(s.shift),
+                             s.wb.lanes_on.eq(s.kept_dense),
+                             s.wb.act_addr.eq(s.o_row + (s.j << s.LOGP)),
+                             s.wb.grad_word.eq(s.g_row + s.j)]
+                m.d.comb += s.u_load.eq(1)
+                with m.If(s.j + 1 < s.nb):
+                    m.d.sync += [s.j.eq(s.j + 1), s.w_row.eq(s.w_row + s.K)]
                     m.next = "FWD_ROW"
-            with s.seq_state("FWD_ROW"):
-                m.d.sync += [s.k.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0), s.m2_valid.eq(0),
-                             s.m2_last.eq(0), s.m3_valid.eq(0), s.m3_last.eq(0)]
-                m.d.comb += s.acc_clear.eq(1)
-                m.next = "FWD_RUN"
-            with s.seq_state("FWD_RUN"):
-                # stage 0: read A[b, k]
-                m.d.comb += [s.a_rd.addr.eq(s.a_row + s.k), s.count("act_reads", s.k < s.K)]
-                m.d.sync += [s.s1_valid.eq(s.k < s.K), s.s1_last.eq(s.k == s.K - 1)]
-                with m.If(s.k < s.K):
-                    m.d.sync += s.k.eq(s.k + 1)
-                # stage 1: A known; read the weight word unless A is zero and skipping
-                a_val = s.a_rd.data
-                live1 = (a_val != 0) | ~s.zs
-                m.d.comb += s.w_rd.addr.eq(s.w_row + s.k - 1)
-                lanes_valid = Signal(s.P)
-                m.d.comb += lanes_valid.eq(s.kept_dense)
-                with m.If(s.s1_valid):
-                    with m.If(live1):
-                        m.d.comb += s.count("weight_reads", popcount(lanes_valid))
+                with m.Elif(s.b + 1 < s.batch):
+                    m.d.sync += [s.j.eq(0), s.b.eq(s.b + 1), s.w_row.eq(s.wbase),
+                                 s.a_row.eq(s.a_row + s.K), s.o_row.eq(s.o_row + s.N),
+                                 s.g_row.eq(s.g_row + s.nb)]
+                    m.next = "FWD_ROW"
+                with m.Elif(~s.last_layer):
+                    m.d.sync += [s.j.eq(0), s.b.eq(0), s.l.eq(s.l + 1)]
+                    m.next = "DESC_FWD"
+                with m.Else():
+                    m.d.sync += s.b.eq(0)
+                    m.next = "FWD_END"
+        with s.seq_state("FWD_END"):
+            with m.If(~s.wb_busy):
+                m.next = "AFTER_FWD"
+        with s.seq_state("AFTER_FWD"):
+            # the logits of sample 0 (the output layer's dY after the loss)
+            m.d.sync += [s.b.eq(0), s.g_row.eq(s.gbase)]
+            with m.If(s.infer_mode):
+                m.d.sync += s.n.eq(0)
+                m.next = "INF_ROW"
+            with m.Else():
+                m.next = "LOSS_START"
+
+        # ---------------- inference: argmax of the logits per sample
+        best = Signal(signed(spec.LOGIT_BITS))
+        best_n = Signal(s.WIDTH)
+        # the scalar readers of the gradient memory (inference, ssProp scores) register the
+        # lane they read (g_pick) before using it
+        s.g_pick = Signal(signed(spec.GRAD_BITS))
+        s2_first = Signal()
+        s.s2_index = Signal(s.WIDTH)
+        with s.seq_state("INF_ROW"):
+            m.d.sync += [s.n.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0), best_n.eq(0)]
+            m.next = "INF_RUN"
+        with s.seq_state("INF_RUN"):
+            # stage 0: read logit n; stage 1: its lane into g_pick; stage 2: compare
+            m.d.comb += [s.g_rd.addr.eq(s.g_row + (s.n >> s.LOGP)), s.count("grad_reads", s.n < s.N)]
+            m.d.sync += [s.s1_valid.eq(s.n < s.N), s.s1_last.eq(s.n == s.N - 1),
+                         s.p.eq(s.n[:s.LOGP] if s.LOGP else 0)]
+            with m.If(s.n < s.N):
+                m.d.sync += s.n.eq(s.n + 1)
+            m.d.sync += [s.g_pick.eq(Array(s.g_lane)[s.p]), s.s2_valid.eq(s.s1_valid),
+                         s.s2_last.eq(s.s1_last), s2_first.eq(s.n == 1), s.s2_index.eq(s.n - 1)]
+            with m.If(s.s2_valid):
+                with m.If(s2_first | (s.g_pick > best)):
+                    m.d.sync += [best.eq(s.g_pick), best_n.eq(s.s2_index)]
+                with m.If(s.s2_last):
+                    m.next = "INF_WRITE"
+        with s.seq_state("INF_WRITE"):
+            m.d.comb += [s.p_wr.addr.eq(s.b), s.p_wr.data.eq(best_n), s.p_wr.en.eq(1)]
+            with m.If(s.b + 1 < s.batch):
+                m.d.sync += [s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb)]
+                m.next = "INF_ROW"
+            with m.Else():
+                m.d.comb += s.count("infer_samples", s.batch)
+                m.d.sync += [s.busy.eq(0), s.limit_start.eq(1)]
+                m.next = "IDLE"
+
+    def _loss(self, m, s):
+        """LOSS_*: the softmax-gradient unit, one sample at a time."""
+        # ---------------- loss: the softmax-gradient unit, one sample at a time
+        with s.seq_state("LOSS_START"):
+            m.d.comb += [s.l_rd.addr.eq(s.b)]
+            m.next = "LOSS_GO"
+        with s.seq_state("LOSS_GO"):
+            m.d.sync += s.label.eq(s.l_rd.data)
+            m.next = "LOSS_GO2"
+        with s.seq_state("LOSS_GO2"):
+            m.d.comb += [s.loss.start.eq(1), s.loss.classes.eq(s.N), s.loss.label.eq(s.label)]
+            m.d.sync += s.p.eq(0)
+            m.next = "LOSS_RUN"
+        with s.seq_state("LOSS_RUN"):
+            m.d.comb += [s.loss.classes.eq(s.N), s.loss.label.eq(s.label),
+                         s.g_rd.addr.eq(s.g_row + (s.loss.rd_addr >> s.LOGP))]
+            m.d.sync += s.p.eq(s.loss.rd_addr[:s.LOGP] if s.LOGP else 0)
+            m.d.comb += s.loss.rd_data.eq(Array(s.g_lane)[s.p])
+            with m.If(s.loss.rd_en):
+                m.d.comb += s.count("grad_reads")
+            with m.If(s.loss.wr_en):
+                m.d.comb += [s.g_wr.addr.eq(s.g_row + (s.loss.wr_addr >> s.LOGP)),
+                             s.g_wr_value.eq(s.loss.wr_data), s.g_wr_on.eq(1),
+                             s.g_wr_lane.eq(s.loss.wr_addr[:s.LOGP]),
+                             s.count("grad_writes")]
+            with m.If(s.loss.done):
+                m.d.comb += s.count("loss_elements", s.N)
+                m.d.sync += s.correct.eq(s.correct + s.loss.correct)
+                with m.If(s.b + 1 < s.batch):
+                    m.d.sync += [s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb)]
+                    m.next = "LOSS_START"
+                with m.Else():
+                    m.next = "BWD_LAYER"
+
+    def _backward_layer(self, m, s):
+        """BWD_*: a layer's backward set-up; SCORE_*, SELECT*, PACK: ssProp's
+        scoring and selection; the kept lanes of block j."""
+        # ---------------- backward, one layer at a time from the top
+        any_below = Signal()
+        m.d.comb += any_below.eq((s.update_mask & ((Const(1, s.L + 1) << s.l) - 1)[:s.L]) != 0)
+        # the layer's setup: which passes run, and four products on the serial
+        # multiplier (keep, batch*K, batch*N*K, batch*(N-keep)*K), one state each
+        with s.seq_state("BWD_LAYER"):
+            m.d.sync += [s.do_wgrad.eq(s.update_mask.bit_select(s.l, 1)),
+                         s.do_igrad.eq((s.l != 0) & any_below)]
+            m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.keep_q8), s.mul.b.eq(s.N)]
+            m.next = "BWD_KEEP"
+        with s.seq_state("BWD_KEEP"):
+            # ssProp keeps N * keep_q8 / KEEP_ONE channels, at least 1 (all at KEEP_ONE)
+            kept = s.mul.product >> (spec.KEEP_ONE.bit_length() - 1)
+            with m.If(s.mul.done):
+                if s.has_ssprop:
+                    m.d.sync += s.keep.eq(Mux(s.keep_q8 >= spec.KEEP_ONE, s.N,
+                                            Mux(kept == 0, 1, kept)))
+                else:
+                    m.d.sync += s.keep.eq(s.N)
+                m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.batch), s.mul.b.eq(s.K)]
+                m.next = "BWD_BK"
+        with s.seq_state("BWD_BK"):
+            with m.If(s.mul.done):
+                m.d.sync += s.batch_k.eq(s.mul.product)
+                m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.mul.product), s.mul.b.eq(s.N)]
+                m.next = "BWD_BNK"
+        with s.seq_state("BWD_BNK"):
+            # batch*N*K MACs per pass: SLU skips the weight gradient of a frozen layer
+            # and the input gradient below the lowest updated one
+            bnk = s.mul.product
+            with m.If(s.mul.done):
+                m.d.comb += s.count("skip_slu", Mux(s.do_wgrad, 0, bnk) +
+                                  Mux((s.l != 0) & ~s.do_igrad, bnk, 0))
+                m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.batch_k), s.mul.b.eq(s.N - s.keep)]
+                m.next = "BWD_LAYER2"
+        with s.seq_state("BWD_LAYER2"):
+            # batch*(N-keep)*K MACs that ssProp skips in each pass that runs
+            with m.If(s.mul.done):
+                ssprop = s.mul.product
+                if s.has_ssprop:          # (without ssProp the product is 0)
+                    m.d.comb += s.count("skip_ssprop",
+                                      Mux(s.do_wgrad & s.do_igrad, ssprop << 1,
+                                          Mux(s.do_wgrad | s.do_igrad, ssprop, 0)))
+                m.d.sync += [s.n.eq(0), s.b.eq(0), s.score.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0),
+                             s.g_row.eq(s.gbase)]
+                with m.If(~(s.do_wgrad | s.do_igrad)):
+                    m.next = "BWD_NEXT"
+                with m.Elif(s.dense):
+                    m.next = "IG_START"
+                if s.has_random:
+                    with m.Elif(s.ss_random):
+                        m.next = "SCORE_RANDOM"
+                if s.has_ssprop:
                     with m.Else():
-                        m.d.comb += s.count("skip_zero", popcount(lanes_valid))
-                m.d.sync += [s.s2_valid.eq(s.s1_valid), s.s2_live.eq(live1), s.s2_act.eq(a_val),
+                        m.next = "SCORE_TOPK"
+
+        if s.has_ssprop:
+            # ssProp scores: sum over the batch of |dY[b, n]|, or LFSR states
+            with s.seq_state("SCORE_TOPK"):
+                m.d.comb += [s.g_rd.addr.eq(s.g_row + (s.n >> s.LOGP)), s.count("grad_reads", s.n < s.N)]
+                m.d.sync += [s.s1_valid.eq(s.n < s.N), s.s1_last.eq(s.b == s.batch - 1),
+                             s.p.eq(s.n[:s.LOGP] if s.LOGP else 0)]
+                with m.If(s.n < s.N):
+                    with m.If(s.b == s.batch - 1):
+                        m.d.sync += [s.b.eq(0), s.n.eq(s.n + 1), s.g_row.eq(s.gbase)]
+                    with m.Else():
+                        m.d.sync += [s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb)]
+                # stage 1: the lane into g_pick; stage 2: add its magnitude
+                m.d.sync += [s.g_pick.eq(Array(s.g_lane)[s.p]), s.s2_valid.eq(s.s1_valid),
+                             s.s2_last.eq(s.s1_last), s.s2_index.eq(s.n - 1)]
+                mag = Mux(s.g_pick < 0, -s.g_pick, s.g_pick)
+                with m.If(s.s2_valid):
+                    with m.If(s.s2_last):
+                        m.d.comb += [s.sel.score_we.eq(1), s.sel.score_index.eq(s.s2_index),
+                                     s.sel.score_data.eq(s.score + mag)]
+                        m.d.sync += s.score.eq(0)
+                    with m.Else():
+                        m.d.sync += s.score.eq(s.score + mag)
+                with m.If(s.s2_valid & s.s2_last & (s.s2_index == s.N - 1)):
+                    m.next = "SELECT"
+            with s.seq_state("SELECT"):
+                m.d.comb += [s.sel.start.eq(1), s.sel.channels.eq(s.N), s.sel.keep.eq(s.keep)]
+                m.next = "SELECT_WAIT"
+            with s.seq_state("SELECT_WAIT"):
+                m.d.comb += [s.sel.channels.eq(s.N), s.sel.keep.eq(s.keep)]
+                with m.If(s.sel.done):
+                    m.d.sync += [s.n.eq(0), s.s1_valid.eq(0), s.packed.eq(0)]
+                    m.next = "PACK"
+            with s.seq_state("PACK"):
+                # the kept mask as one P-bit word per block
+                m.d.comb += s.sel.kept_index.eq(s.n)
+                m.d.sync += [s.s1_valid.eq(s.n < s.N), s.n.eq(Mux(s.n < s.N, s.n + 1, s.n))]
+                idx = s.n - 1
+                with m.If(s.s1_valid):
+                    word = s.packed | (s.sel.kept << idx[:s.LOGP])
+                    m.d.sync += s.packed.eq(word)
+                    with m.If((idx[:s.LOGP] == s.P - 1) | (idx == s.N - 1)):
+                        m.d.comb += [s.k_wr.addr.eq(idx >> s.LOGP), s.k_wr.data.eq(word),
+                                     s.k_wr.en.eq(1)]
+                        m.d.sync += s.packed.eq(0)
+                with m.If((s.n == s.N) & s.s1_valid):
+                    m.next = "IG_START"
+
+        if s.has_random:
+            with s.seq_state("SCORE_RANDOM"):
+                # step the LFSR in one cycle, write its new state in the next
+                m.d.comb += s.lfsr.step.eq(s.n < s.N)
+                m.d.sync += [s.s1_valid.eq(s.n < s.N), s.n.eq(Mux(s.n < s.N, s.n + 1, s.n))]
+                with m.If(s.s1_valid):
+                    m.d.comb += [s.sel.score_we.eq(1), s.sel.score_index.eq(s.n - 1),
+                                 s.sel.score_data.eq(s.lfsr.state)]
+                with m.If((s.n == s.N) & s.s1_valid):
+                    m.next = "SELECT"
+        # kept lanes of block j: from the selector, or every existing lane when dense
+        s.kept_j = Signal(s.P)
+        if s.has_ssprop:
+            m.d.comb += [s.kept_j.eq(Mux(s.dense, s.kept_dense, s.k_rd.data)), s.k_rd.addr.eq(s.j)]
+        else:
+            m.d.comb += s.kept_j.eq(s.kept_dense)
+
+    def _input_grad(self, m, s):
+        """IG_*: the input gradient dX; REQ_*: its requantization into dY of the
+        layer below."""
+        # ---------------- input gradient: for b, k: dX = sum over kept n of W * dY
+        with s.seq_state("IG_START"):
+            m.d.sync += [s.b.eq(0), s.k.eq(0), s.n.eq(0)]
+            m.d.comb += s.requant.clear.eq(1)
+            with m.If(s.do_igrad):
+                m.next = "IG_A"
+            with m.Else():
+                m.next = "WG_START"
+        # Pipelined over (b, k) with j innermost: one issue slot per block (one slot for
+        # a (b, k) skipped as zero); A of the next (b, k) is read while the current one's
+        # slots run. Stage 1 has the operands (registered in stage 1b), stage 2 the kept
+        # lanes' products, which it adds (adder tree) into dX, written at the (b, k)'s last
+        # slot; stage 3 keeps max |dX|.
+        sidx = Signal(range(s.bld.scratch_entries + 1))       # b*K + k of the current slot
+        relu_cur = Signal()
+        s.s1_relu, s.s1_live = Signal(), Signal(name="s1_live")
+        s.s1b_valid, s.s1b_last, s.s1b_relu = Signal(), Signal(), Signal(name="s1b_relu")
+        s.s2_relu = Signal()
+        # stage 2t: the lanes' sum, registered (the P-way adder tree is one stage, the
+        # accumulation into dX the next)
+        s.s2t_valid, s.s2t_last, s.s2t_relu = Signal(), Signal(), Signal(name="s2t_relu")
+        # dX entries are written in order, one per (b, k): the write index counts them
+        # (rather than b*K + k travelling down the pipeline with each slot)
+        s.dx_wr_idx = Signal.like(sidx)
+        s.s2t_sum = Signal(signed(s.DACC))
+        s.s3_valid = Signal()
+        s.s3_dx = Signal(signed(spec.DX_BITS))
+        s.ig_pipe = Signal()                  # IG_RUN or IG_DRAIN: stages 1 to 3 run
+        with s.seq_state("IG_A"):
+            m.d.comb += s.a_rd.addr.eq(s.abase)
+            m.d.sync += [s.j.eq(0), s.dx_acc.eq(0), s.s1_valid.eq(0), s.s1b_valid.eq(0),
+                         s.s2_valid.eq(0), s.s2t_valid.eq(0), s.s3_valid.eq(0), sidx.eq(0),
+                         s.dx_wr_idx.eq(0),
+                         s.w_row.eq(s.wbase),
+                         s.g_row.eq(s.gbase)]
+            m.next = "IG_RUN"
+        with s.seq_state("IG_DRAIN"):
+            m.d.comb += s.ig_pipe.eq(1)
+            m.d.sync += s.s1_valid.eq(0)
+            with m.If(~s.s1_valid & ~s.s1b_valid & ~s.s2_valid & ~s.s2t_valid & ~s.s3_valid):
+                m.next = "REQ_START"
+        with s.seq_state("IG_RUN"):
+            m.d.comb += s.ig_pipe.eq(1)
+            # stage 0: slot j of (b, k); A[b, k] arrived in slot 0
+            first = s.j == 0
+            relu_now = Mux(first, s.a_rd.data != 0, relu_cur)
+            live_now = relu_now | ~s.zs
+            last_slot = ~live_now | (s.j == s.nb - 1)
+            m.d.comb += s.a_rd.addr.eq(s.abase + sidx + 1)       # the next (b, k)
+            with m.If(first):
+                m.d.sync += relu_cur.eq(s.a_rd.data != 0)
+                m.d.comb += s.count("act_reads")
+                with m.If(~live_now):
+                    m.d.comb += s.count("skip_zero", s.keep)
+            # the operands' addresses do not wait for the activation: a slot whose
+            # activation is zero reads them too and its products are dropped (ig_keep),
+            # which keeps the activation memory's output off the paths to every lane's
+            # memories (docs/boards.md, the ULX3S critical path)
+            m.d.comb += [s.w_rd.addr.eq(s.w_row + s.k), s.g_rd.addr.eq(s.g_row + s.j)]
+            m.d.sync += [s.s1_valid.eq(1), s.s1_last.eq(last_slot), s.s1_live.eq(live_now),
+                         s.s1_relu.eq(relu_now),
+                         s.s1_lanes.eq(s.kept_dense)]
+            with m.If(last_slot):
+                m.d.sync += [s.j.eq(0), sidx.eq(sidx + 1), s.w_row.eq(s.wbase)]
+                with m.If(s.k + 1 < s.K):
+                    m.d.sync += s.k.eq(s.k + 1)
+                with m.Else():
+                    m.d.sync += [s.k.eq(0), s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb)]
+                with m.If((s.b == s.batch - 1) & (s.k == s.K - 1)):
+                    m.next = "IG_DRAIN"
+            with m.Else():
+                m.d.sync += [s.j.eq(s.j + 1), s.w_row.eq(s.w_row + s.K)]
+
+        # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
+        ridx = Signal(range(s.bld.scratch_entries + 1))      # b*K + k, up to the batch's
+        req_s3_valid, req_s4_valid = Signal(), Signal()
+        with s.seq_state("REQ_START"):
+            m.d.comb += s.requant.latch.eq(1)
+            m.d.sync += [s.b.eq(0), s.k.eq(0),
+                         ridx.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0), req_s3_valid.eq(0),
+                         req_s4_valid.eq(0), s.g_row.eq(s.gbase_below)]
+            m.next = "REQ_RUN"
+        with s.seq_state("REQ_RUN"):
+            # stage 0: read scratch entry ridx = b*K + k (all batch*K of them, in order);
+            # stage 1: into the shifter's input; stages 2 and 3: shift and round it (the
+            # requantizer registers it); stage 4: saturate and write dY_below at (b, k),
+            # which step with the writes
+            issue = ridx < s.batch_k
+            m.d.comb += [s.s_rd.addr.eq(ridx), s.count("grad_reads", issue)]
+            m.d.sync += [s.s1_valid.eq(issue), s.s2_valid.eq(s.s1_valid),
+                         req_s3_valid.eq(s.s2_valid), req_s4_valid.eq(req_s3_valid)]
+            with m.If(issue):
+                m.d.sync += ridx.eq(ridx + 1)
+            m.d.comb += s.rq_take_dx.eq(1)
+            with m.If(req_s4_valid):
+                m.d.comb += [s.g_wr.addr.eq(s.g_row + (s.k >> s.LOGP)),
+                             s.g_wr_value.eq(s.requant.dy), s.g_wr_on.eq(1),
+                             s.g_wr_lane.eq(s.k[:s.LOGP]), s.count("grad_writes")]
+                with m.If(s.k + 1 < s.K):
+                    m.d.sync += s.k.eq(s.k + 1)
+                with m.Else():
+                    m.d.sync += [s.k.eq(0), s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb_below)]
+            with m.If(s.b == s.batch):
+                m.next = "WG_START"
+
+    def _weight_grad(self, m, s):
+        """WG_*, PSG_*: the weight gradient (SGD, or PSG's prediction and
+        recompute)."""
+        # ---------------- weight gradient and update, per block j and input k
+        with s.seq_state("WG_START"):
+            m.d.sync += [s.j.eq(0), s.k.eq(0), s.w_row.eq(s.wbase), s.psg_max.eq(0),
+                         s.psg_pass_a.eq(s.psg_on & s.psg_rel)]
+            with m.If(s.do_wgrad):
+                m.next = "WG_BLOCK"
+            with m.Else():
+                m.next = "BWD_NEXT"
+        with s.seq_state("WG_BLOCK"):
+            # kept word of block j is being read (k_rd.addr = j); skip empty blocks
+            m.next = "WG_BLOCK2"
+        with s.seq_state("WG_BLOCK2"):
+            m.d.sync += s.lanes_on.eq(s.kept_j)
+            with m.If(s.kept_j == 0):
+                m.next = "WG_NEXT_BLOCK"
+            with m.Else():
+                m.d.sync += s.k.eq(0)
+                m.next = "WG_K"
+        with s.seq_state("WG_K"):
+            m.d.sync += [s.b.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0), s.live_count.eq(0),
+                         s.m2_valid.eq(0), s.m2_last.eq(0), s.m3_valid.eq(0), s.m3_last.eq(0),
+                         s.a_row.eq(s.abase), s.g_row.eq(s.gbase)]
+            m.d.comb += s.acc_clear.eq(1)
+            if s.has_psg:
+                thr = Mux(s.psg_rel, s.psg_max >> s.psg_tau[:6], s.psg_tau)
+                m.d.sync += s.psg_thr.eq(Mux(thr >= 1 << (s.PRED - 1), 1 << (s.PRED - 1), thr))
+                with m.If(s.psg_on):
+                    m.next = "WG_LOW"
+                with m.Else():
+                    m.next = "WG_FULL"
+            else:
+                m.next = "WG_FULL"
+        # full-precision pass over the batch (SGD, or the PSG recompute of uncertain
+        # lanes), and the PSG predictor's low-precision pass
+        passes = (("WG_FULL", False), ("WG_LOW", True)) if s.has_psg else (("WG_FULL", False),)
+        for state, low in passes:
+            with s.seq_state(state):
+                recompute = s.psg_on & ~s.psg_pass_a if not low else None
+                gate = Signal(s.P, name=f"gate_{state}")
+                if low:
+                    m.d.comb += gate.eq(s.lanes_on)
+                else:
+                    m.d.comb += gate.eq(Mux(s.psg_on, s.uncertain, s.lanes_on))
+                # stage 0: A[b, k]
+                m.d.comb += s.a_rd.addr.eq(s.a_row + s.k)
+                with m.If(s.b < s.batch):
+                    m.d.comb += s.count("act_msb_reads" if low else "act_reads")
+                    m.d.sync += [s.b.eq(s.b + 1), s.a_row.eq(s.a_row + s.K)]
+                m.d.sync += [s.s1_valid.eq(s.b < s.batch), s.s1_last.eq(s.b == s.batch - 1)]
+                # stage 1: dY word (b, j) unless A is zero and skipping (g_row follows
+                # the sample in stage 1)
+                av = s.a_rd.data
+                live1 = (av != 0) | ~s.zs
+                m.d.comb += s.g_rd.addr.eq(s.g_row + s.j)
+                with m.If(s.s1_valid):
+                    m.d.sync += s.g_row.eq(s.g_row + s.nb)
+                    with m.If(live1):
+                        m.d.comb += s.count("grad_msb_lane_reads" if low else
+                                          "grad_lane_reads", popcount(gate))
+                        if low:
+                            # live samples: each confident lane skips their full MACs
+                            m.d.sync += s.live_count.eq(s.live_count + 1)
+                    if low:
+                        with m.Elif(~(s.psg_rel & ~s.psg_pass_a)):
+                            m.d.comb += s.count("skip_zero", popcount(gate))
+                    else:
+                        with m.Elif(~s.psg_on):
+                            m.d.comb += s.count("skip_zero", popcount(gate))
+                m.d.sync += [s.s2_valid.eq(s.s1_valid), s.s2_live.eq(live1), s.s2_act.eq(av),
                              s.s2_last.eq(s.s1_last)]
                 # stage 2: multiply
+                drop = spec.GRAD_BITS - spec.PSG_GRAD_MSBS
                 for i in range(s.P):
-                    m.d.comb += [s.mul_a[i].eq(s.w_lane[i]), s.mul_b[i].eq(s.s2_act)]
-                m.d.sync += [s.m2_valid.eq(s.s2_valid & s.s2_live), s.m2_last.eq(s.s2_valid & s.s2_last),
-                             s.m2_gate.eq(lanes_valid)]
+                    if low:
+                        # the top bits of the magnitude with the sign: dY / 2**drop
+                        # truncated toward zero, (g + (2**drop - 1 if g < 0)) >> drop,
+                        # which is g's top bits plus the carry out of its low bits
+                        gi = s.g_lane[i]
+                        hi = gi[drop:].as_signed() + (gi[-1] & (gi[:drop] != 0))
+                        m.d.comb += [s.mul_a[i].eq(hi),
+                                     s.mul_b[i].eq(s.s2_act >> (spec.ACT_BITS -
+                                                            spec.PSG_ACT_MSBS))]
+                    else:
+                        m.d.comb += [s.mul_a[i].eq(s.g_lane[i]), s.mul_b[i].eq(s.s2_act)]
+                    m.d.sync += [s.m2_valid.eq(s.s2_valid & s.s2_live),
+                             s.m2_last.eq(s.s2_valid & s.s2_last), s.m2_gate.eq(gate)]
                 with m.If(s.s2_valid & s.s2_live):
-                    m.d.comb += s.count("mac_forward", popcount(lanes_valid))
+                    m.d.comb += s.count("mac_weight_grad_low" if low else "mac_weight_grad",
+                                      popcount(gate))
                 # stage 3: accumulate
                 m.d.comb += s.acc_add.eq(s.m3_valid)
                 with m.If(s.m3_last):
-                    m.next = "FWD_HANDOFF"
-            with s.seq_state("FWD_HANDOFF"):
-                # the writeback unit requantizes and writes this block while the next block
-                # accumulates; the next layer (which reads these outputs) and the loss wait
-                with m.If(~s.wb_busy):
-                    m.d.comb += [s.wb.start.eq(1), s.wb.last.eq(s.last_layer), s.wb.shift.eq(s.shift),
-                                 s.wb.lanes_on.eq(s.kept_dense),
-                                 s.wb.act_addr.eq(s.o_row + (s.j << s.LOGP)),
-                                 s.wb.grad_word.eq(s.g_row + s.j)]
-                    m.d.comb += s.u_load.eq(1)
-                    with m.If(s.j + 1 < s.nb):
-                        m.d.sync += [s.j.eq(s.j + 1), s.w_row.eq(s.w_row + s.K)]
-                        m.next = "FWD_ROW"
-                    with m.Elif(s.b + 1 < s.batch):
-                        m.d.sync += [s.j.eq(0), s.b.eq(s.b + 1), s.w_row.eq(s.wbase),
-                                     s.a_row.eq(s.a_row + s.K), s.o_row.eq(s.o_row + s.N),
-                                     s.g_row.eq(s.g_row + s.nb)]
-                        m.next = "FWD_ROW"
-                    with m.Elif(~s.last_layer):
-                        m.d.sync += [s.j.eq(0), s.b.eq(0), s.l.eq(s.l + 1)]
-                        m.next = "DESC_FWD"
-                    with m.Else():
-                        m.d.sync += s.b.eq(0)
-                        m.next = "FWD_END"
-            with s.seq_state("FWD_END"):
-                with m.If(~s.wb_busy):
-                    m.next = "AFTER_FWD"
-            with s.seq_state("AFTER_FWD"):
-                # the logits of sample 0 (the output layer's dY after the loss)
-                m.d.sync += [s.b.eq(0), s.g_row.eq(s.gbase)]
-                with m.If(s.infer_mode):
-                    m.d.sync += s.n.eq(0)
-                    m.next = "INF_ROW"
-                with m.Else():
-                    m.next = "LOSS_START"
-
-            # ---------------- inference: argmax of the logits per sample
-            best = Signal(signed(spec.LOGIT_BITS))
-            best_n = Signal(s.WIDTH)
-            # the scalar readers of the gradient memory (inference, ssProp scores) register the
-            # lane they read (g_pick) before using it
-            s.g_pick = Signal(signed(spec.GRAD_BITS))
-            s2_first = Signal()
-            s.s2_index = Signal(s.WIDTH)
-            with s.seq_state("INF_ROW"):
-                m.d.sync += [s.n.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0), best_n.eq(0)]
-                m.next = "INF_RUN"
-            with s.seq_state("INF_RUN"):
-                # stage 0: read logit n; stage 1: its lane into g_pick; stage 2: compare
-                m.d.comb += [s.g_rd.addr.eq(s.g_row + (s.n >> s.LOGP)), s.count("grad_reads", s.n < s.N)]
-                m.d.sync += [s.s1_valid.eq(s.n < s.N), s.s1_last.eq(s.n == s.N - 1),
-                             s.p.eq(s.n[:s.LOGP] if s.LOGP else 0)]
-                with m.If(s.n < s.N):
-                    m.d.sync += s.n.eq(s.n + 1)
-                m.d.sync += [s.g_pick.eq(Array(s.g_lane)[s.p]), s.s2_valid.eq(s.s1_valid),
-                             s.s2_last.eq(s.s1_last), s2_first.eq(s.n == 1), s.s2_index.eq(s.n - 1)]
-                with m.If(s.s2_valid):
-                    with m.If(s2_first | (s.g_pick > best)):
-                        m.d.sync += [best.eq(s.g_pick), best_n.eq(s.s2_index)]
-                    with m.If(s.s2_last):
-                        m.next = "INF_WRITE"
-            with s.seq_state("INF_WRITE"):
-                m.d.comb += [s.p_wr.addr.eq(s.b), s.p_wr.data.eq(best_n), s.p_wr.en.eq(1)]
-                with m.If(s.b + 1 < s.batch):
-                    m.d.sync += [s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb)]
-                    m.next = "INF_ROW"
-                with m.Else():
-                    m.d.comb += s.count("infer_samples", s.batch)
-                    m.d.sync += [s.busy.eq(0), s.limit_start.eq(1)]
-                    m.next = "IDLE"
-
-            # ---------------- loss: the softmax-gradient unit, one sample at a time
-            with s.seq_state("LOSS_START"):
-                m.d.comb += [s.l_rd.addr.eq(s.b)]
-                m.next = "LOSS_GO"
-            with s.seq_state("LOSS_GO"):
-                m.d.sync += s.label.eq(s.l_rd.data)
-                m.next = "LOSS_GO2"
-            with s.seq_state("LOSS_GO2"):
-                m.d.comb += [s.loss.start.eq(1), s.loss.classes.eq(s.N), s.loss.label.eq(s.label)]
-                m.d.sync += s.p.eq(0)
-                m.next = "LOSS_RUN"
-            with s.seq_state("LOSS_RUN"):
-                m.d.comb += [s.loss.classes.eq(s.N), s.loss.label.eq(s.label),
-                             s.g_rd.addr.eq(s.g_row + (s.loss.rd_addr >> s.LOGP))]
-                m.d.sync += s.p.eq(s.loss.rd_addr[:s.LOGP] if s.LOGP else 0)
-                m.d.comb += s.loss.rd_data.eq(Array(s.g_lane)[s.p])
-                with m.If(s.loss.rd_en):
-                    m.d.comb += s.count("grad_reads")
-                with m.If(s.loss.wr_en):
-                    m.d.comb += [s.g_wr.addr.eq(s.g_row + (s.loss.wr_addr >> s.LOGP)),
-                                 s.g_wr_value.eq(s.loss.wr_data), s.g_wr_on.eq(1),
-                                 s.g_wr_lane.eq(s.loss.wr_addr[:s.LOGP]),
-                                 s.count("grad_writes")]
-                with m.If(s.loss.done):
-                    m.d.comb += s.count("loss_elements", s.N)
-                    m.d.sync += s.correct.eq(s.correct + s.loss.correct)
-                    with m.If(s.b + 1 < s.batch):
-                        m.d.sync += [s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb)]
-                        m.next = "LOSS_START"
-                    with m.Else():
-                        m.next = "BWD_LAYER"
-
-            # ---------------- backward, one layer at a time from the top
-            any_below = Signal()
-            m.d.comb += any_below.eq((s.update_mask & ((Const(1, s.L + 1) << s.l) - 1)[:s.L]) != 0)
-            # the layer's setup: which passes run, and four products on the serial
-            # multiplier (keep, batch*K, batch*N*K, batch*(N-keep)*K), one state each
-            with s.seq_state("BWD_LAYER"):
-                m.d.sync += [s.do_wgrad.eq(s.update_mask.bit_select(s.l, 1)),
-                             s.do_igrad.eq((s.l != 0) & any_below)]
-                m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.keep_q8), s.mul.b.eq(s.N)]
-                m.next = "BWD_KEEP"
-            with s.seq_state("BWD_KEEP"):
-                # ssProp keeps N * keep_q8 / KEEP_ONE channels, at least 1 (all at KEEP_ONE)
-                kept = s.mul.product >> (spec.KEEP_ONE.bit_length() - 1)
-                with m.If(s.mul.done):
-                    if s.has_ssprop:
-                        m.d.sync += s.keep.eq(Mux(s.keep_q8 >= spec.KEEP_ONE, s.N,
-                                                Mux(kept == 0, 1, kept)))
-                    else:
-                        m.d.sync += s.keep.eq(s.N)
-                    m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.batch), s.mul.b.eq(s.K)]
-                    m.next = "BWD_BK"
-            with s.seq_state("BWD_BK"):
-                with m.If(s.mul.done):
-                    m.d.sync += s.batch_k.eq(s.mul.product)
-                    m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.mul.product), s.mul.b.eq(s.N)]
-                    m.next = "BWD_BNK"
-            with s.seq_state("BWD_BNK"):
-                # batch*N*K MACs per pass: SLU skips the weight gradient of a frozen layer
-                # and the input gradient below the lowest updated one
-                bnk = s.mul.product
-                with m.If(s.mul.done):
-                    m.d.comb += s.count("skip_slu", Mux(s.do_wgrad, 0, bnk) +
-                                      Mux((s.l != 0) & ~s.do_igrad, bnk, 0))
-                    m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.batch_k), s.mul.b.eq(s.N - s.keep)]
-                    m.next = "BWD_LAYER2"
-            with s.seq_state("BWD_LAYER2"):
-                # batch*(N-keep)*K MACs that ssProp skips in each pass that runs
-                with m.If(s.mul.done):
-                    ssprop = s.mul.product
-                    if s.has_ssprop:          # (without ssProp the product is 0)
-                        m.d.comb += s.count("skip_ssprop",
-                                          Mux(s.do_wgrad & s.do_igrad, ssprop << 1,
-                                              Mux(s.do_wgrad | s.do_igrad, ssprop, 0)))
-                    m.d.sync += [s.n.eq(0), s.b.eq(0), s.score.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0),
-                                 s.g_row.eq(s.gbase)]
-                    with m.If(~(s.do_wgrad | s.do_igrad)):
-                        m.next = "BWD_NEXT"
-                    with m.Elif(s.dense):
-                        m.next = "IG_START"
-                    if s.has_random:
-                        with m.Elif(s.ss_random):
-                            m.next = "SCORE_RANDOM"
-                    if s.has_ssprop:
-                        with m.Else():
-                            m.next = "SCORE_TOPK"
-
-            if s.has_ssprop:
-                # ssProp scores: sum over the batch of |dY[b, n]|, or LFSR states
-                with s.seq_state("SCORE_TOPK"):
-                    m.d.comb += [s.g_rd.addr.eq(s.g_row + (s.n >> s.LOGP)), s.count("grad_reads", s.n < s.N)]
-                    m.d.sync += [s.s1_valid.eq(s.n < s.N), s.s1_last.eq(s.b == s.batch - 1),
-                                 s.p.eq(s.n[:s.LOGP] if s.LOGP else 0)]
-                    with m.If(s.n < s.N):
-                        with m.If(s.b == s.batch - 1):
-                            m.d.sync += [s.b.eq(0), s.n.eq(s.n + 1), s.g_row.eq(s.gbase)]
-                        with m.Else():
-                            m.d.sync += [s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb)]
-                    # stage 1: the lane into g_pick; stage 2: add its magnitude
-                    m.d.sync += [s.g_pick.eq(Array(s.g_lane)[s.p]), s.s2_valid.eq(s.s1_valid),
-                                 s.s2_last.eq(s.s1_last), s.s2_index.eq(s.n - 1)]
-                    mag = Mux(s.g_pick < 0, -s.g_pick, s.g_pick)
-                    with m.If(s.s2_valid):
-                        with m.If(s.s2_last):
-                            m.d.comb += [s.sel.score_we.eq(1), s.sel.score_index.eq(s.s2_index),
-                                         s.sel.score_data.eq(s.score + mag)]
-                            m.d.sync += s.score.eq(0)
-                        with m.Else():
-                            m.d.sync += s.score.eq(s.score + mag)
-                    with m.If(s.s2_valid & s.s2_last & (s.s2_index == s.N - 1)):
-                        m.next = "SELECT"
-                with s.seq_state("SELECT"):
-                    m.d.comb += [s.sel.start.eq(1), s.sel.channels.eq(s.N), s.sel.keep.eq(s.keep)]
-                    m.next = "SELECT_WAIT"
-                with s.seq_state("SELECT_WAIT"):
-                    m.d.comb += [s.sel.channels.eq(s.N), s.sel.keep.eq(s.keep)]
-                    with m.If(s.sel.done):
-                        m.d.sync += [s.n.eq(0), s.s1_valid.eq(0), s.packed.eq(0)]
-                        m.next = "PACK"
-                with s.seq_state("PACK"):
-                    # the kept mask as one P-bit word per block
-                    m.d.comb += s.sel.kept_index.eq(s.n)
-                    m.d.sync += [s.s1_valid.eq(s.n < s.N), s.n.eq(Mux(s.n < s.N, s.n + 1, s.n))]
-                    idx = s.n - 1
-                    with m.If(s.s1_valid):
-                        word = s.packed | (s.sel.kept << idx[:s.LOGP])
-                        m.d.sync += s.packed.eq(word)
-                        with m.If((idx[:s.LOGP] == s.P - 1) | (idx == s.N - 1)):
-                            m.d.comb += [s.k_wr.addr.eq(idx >> s.LOGP), s.k_wr.data.eq(word),
-                                         s.k_wr.en.eq(1)]
-                            m.d.sync += s.packed.eq(0)
-                    with m.If((s.n == s.N) & s.s1_valid):
-                        m.next = "IG_START"
-
-            if s.has_random:
-                with s.seq_state("SCORE_RANDOM"):
-                    # step the LFSR in one cycle, write its new state in the next
-                    m.d.comb += s.lfsr.step.eq(s.n < s.N)
-                    m.d.sync += [s.s1_valid.eq(s.n < s.N), s.n.eq(Mux(s.n < s.N, s.n + 1, s.n))]
-                    with m.If(s.s1_valid):
-                        m.d.comb += [s.sel.score_we.eq(1), s.sel.score_index.eq(s.n - 1),
-                                     s.sel.score_data.eq(s.lfsr.state)]
-                    with m.If((s.n == s.N) & s.s1_valid):
-                        m.next = "SELECT"
-            # kept lanes of block j: from the selector, or every existing lane when dense
-            s.kept_j = Signal(s.P)
-            if s.has_ssprop:
-                m.d.comb += [s.kept_j.eq(Mux(s.dense, s.kept_dense, s.k_rd.data)), s.k_rd.addr.eq(s.j)]
-            else:
-                m.d.comb += s.kept_j.eq(s.kept_dense)
-
-            # ---------------- input gradient: for b, k: dX = sum over kept n of W * dY
-            with s.seq_state("IG_START"):
-                m.d.sync += [s.b.eq(0), s.k.eq(0), s.n.eq(0)]
-                m.d.comb += s.requant.clear.eq(1)
-                with m.If(s.do_igrad):
-                    m.next = "IG_A"
-                with m.Else():
-                    m.next = "WG_START"
-            # Pipelined over (b, k) with j innermost: one issue slot per block (one slot for
-            # a (b, k) skipped as zero); A of the next (b, k) is read while the current one's
-            # slots run. Stage 1 has the operands (registered in stage 1b), stage 2 the kept
-            # lanes' products, which it adds (adder tree) into dX, written at the (b, k)'s last
-            # slot; stage 3 keeps max |dX|.
-            sidx = Signal(range(s.bld.scratch_entries + 1))       # b*K + k of the current slot
-            relu_cur = Signal()
-            s.s1_relu, s.s1_live = Signal(), Signal(name="s1_live")
-            s.s1b_valid, s.s1b_last, s.s1b_relu = Signal(), Signal(), Signal(name="s1b_relu")
-            s.s2_relu = Signal()
-            # stage 2t: the lanes' sum, registered (the P-way adder tree is one stage, the
-            # accumulation into dX the next)
-            s.s2t_valid, s.s2t_last, s.s2t_relu = Signal(), Signal(), Signal(name="s2t_relu")
-            # dX entries are written in order, one per (b, k): the write index counts them
-            # (rather than b*K + k travelling down the pipeline with each slot)
-            s.dx_wr_idx = Signal.like(sidx)
-            s.s2t_sum = Signal(signed(s.DACC))
-            s.s3_valid = Signal()
-            s.s3_dx = Signal(signed(spec.DX_BITS))
-            s.ig_pipe = Signal()                  # IG_RUN or IG_DRAIN: stages 1 to 3 run
-            with s.seq_state("IG_A"):
-                m.d.comb += s.a_rd.addr.eq(s.abase)
-                m.d.sync += [s.j.eq(0), s.dx_acc.eq(0), s.s1_valid.eq(0), s.s1b_valid.eq(0),
-                             s.s2_valid.eq(0), s.s2t_valid.eq(0), s.s3_valid.eq(0), sidx.eq(0),
-                             s.dx_wr_idx.eq(0),
-                             s.w_row.eq(s.wbase),
-                             s.g_row.eq(s.gbase)]
-                m.next = "IG_RUN"
-            with s.seq_state("IG_DRAIN"):
-                m.d.comb += s.ig_pipe.eq(1)
-                m.d.sync += s.s1_valid.eq(0)
-                with m.If(~s.s1_valid & ~s.s1b_valid & ~s.s2_valid & ~s.s2t_valid & ~s.s3_valid):
-                    m.next = "REQ_START"
-            with s.seq_state("IG_RUN"):
-                m.d.comb += s.ig_pipe.eq(1)
-                # stage 0: slot j of (b, k); A[b, k] arrived in slot 0
-                first = s.j == 0
-                relu_now = Mux(first, s.a_rd.data != 0, relu_cur)
-                live_now = relu_now | ~s.zs
-                last_slot = ~live_now | (s.j == s.nb - 1)
-                m.d.comb += s.a_rd.addr.eq(s.abase + sidx + 1)       # the next (b, k)
-                with m.If(first):
-                    m.d.sync += relu_cur.eq(s.a_rd.data != 0)
-                    m.d.comb += s.count("act_reads")
-                    with m.If(~live_now):
-                        m.d.comb += s.count("skip_zero", s.keep)
-                # the operands' addresses do not wait for the activation: a slot whose
-                # activation is zero reads them too and its products are dropped (ig_keep),
-                # which keeps the activation memory's output off the paths to every lane's
-                # memories (docs/boards.md, the ULX3S critical path)
-                m.d.comb += [s.w_rd.addr.eq(s.w_row + s.k), s.g_rd.addr.eq(s.g_row + s.j)]
-                m.d.sync += [s.s1_valid.eq(1), s.s1_last.eq(last_slot), s.s1_live.eq(live_now),
-                             s.s1_relu.eq(relu_now),
-                             s.s1_lanes.eq(s.kept_dense)]
-                with m.If(last_slot):
-                    m.d.sync += [s.j.eq(0), sidx.eq(sidx + 1), s.w_row.eq(s.wbase)]
-                    with m.If(s.k + 1 < s.K):
-                        m.d.sync += s.k.eq(s.k + 1)
-                    with m.Else():
-                        m.d.sync += [s.k.eq(0), s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb)]
-                    with m.If((s.b == s.batch - 1) & (s.k == s.K - 1)):
-                        m.next = "IG_DRAIN"
-                with m.Else():
-                    m.d.sync += [s.j.eq(s.j + 1), s.w_row.eq(s.w_row + s.K)]
-
-            # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
-            ridx = Signal(range(s.bld.scratch_entries + 1))      # b*K + k, up to the batch's
-            req_s3_valid, req_s4_valid = Signal(), Signal()
-            with s.seq_state("REQ_START"):
-                m.d.comb += s.requant.latch.eq(1)
-                m.d.sync += [s.b.eq(0), s.k.eq(0),
-                             ridx.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0), req_s3_valid.eq(0),
-                             req_s4_valid.eq(0), s.g_row.eq(s.gbase_below)]
-                m.next = "REQ_RUN"
-            with s.seq_state("REQ_RUN"):
-                # stage 0: read scratch entry ridx = b*K + k (all batch*K of them, in order);
-                # stage 1: into the shifter's input; stages 2 and 3: shift and round it (the
-                # requantizer registers it); stage 4: saturate and write dY_below at (b, k),
-                # which step with the writes
-                issue = ridx < s.batch_k
-                m.d.comb += [s.s_rd.addr.eq(ridx), s.count("grad_reads", issue)]
-                m.d.sync += [s.s1_valid.eq(issue), s.s2_valid.eq(s.s1_valid),
-                             req_s3_valid.eq(s.s2_valid), req_s4_valid.eq(req_s3_valid)]
-                with m.If(issue):
-                    m.d.sync += ridx.eq(ridx + 1)
-                m.d.comb += s.rq_take_dx.eq(1)
-                with m.If(req_s4_valid):
-                    m.d.comb += [s.g_wr.addr.eq(s.g_row + (s.k >> s.LOGP)),
-                                 s.g_wr_value.eq(s.requant.dy), s.g_wr_on.eq(1),
-                                 s.g_wr_lane.eq(s.k[:s.LOGP]), s.count("grad_writes")]
-                    with m.If(s.k + 1 < s.K):
-                        m.d.sync += s.k.eq(s.k + 1)
-                    with m.Else():
-                        m.d.sync += [s.k.eq(0), s.b.eq(s.b + 1), s.g_row.eq(s.g_row + s.nb_below)]
-                with m.If(s.b == s.batch):
-                    m.next = "WG_START"
-
-            # ---------------- weight gradient and update, per block j and input k
-            with s.seq_state("WG_START"):
-                m.d.sync += [s.j.eq(0), s.k.eq(0), s.w_row.eq(s.wbase), s.psg_max.eq(0),
-                             s.psg_pass_a.eq(s.psg_on & s.psg_rel)]
-                with m.If(s.do_wgrad):
-                    m.next = "WG_BLOCK"
-                with m.Else():
-                    m.next = "BWD_NEXT"
-            with s.seq_state("WG_BLOCK"):
-                # kept word of block j is being read (k_rd.addr = j); skip empty blocks
-                m.next = "WG_BLOCK2"
-            with s.seq_state("WG_BLOCK2"):
-                m.d.sync += s.lanes_on.eq(s.kept_j)
-                with m.If(s.kept_j == 0):
-                    m.next = "WG_NEXT_BLOCK"
-                with m.Else():
-                    m.d.sync += s.k.eq(0)
-                    m.next = "WG_K"
-            with s.seq_state("WG_K"):
-                m.d.sync += [s.b.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0), s.live_count.eq(0),
-                             s.m2_valid.eq(0), s.m2_last.eq(0), s.m3_valid.eq(0), s.m3_last.eq(0),
-                             s.a_row.eq(s.abase), s.g_row.eq(s.gbase)]
-                m.d.comb += s.acc_clear.eq(1)
-                if s.has_psg:
-                    thr = Mux(s.psg_rel, s.psg_max >> s.psg_tau[:6], s.psg_tau)
-                    m.d.sync += s.psg_thr.eq(Mux(thr >= 1 << (s.PRED - 1), 1 << (s.PRED - 1), thr))
-                    with m.If(s.psg_on):
-                        m.next = "WG_LOW"
-                    with m.Else():
-                        m.next = "WG_FULL"
-                else:
-                    m.next = "WG_FULL"
-            # full-precision pass over the batch (SGD, or the PSG recompute of uncertain
-            # lanes), and the PSG predictor's low-precision pass
-            passes = (("WG_FULL", False), ("WG_LOW", True)) if s.has_psg else (("WG_FULL", False),)
-            for state, low in passes:
-                with s.seq_state(state):
-                    recompute = s.psg_on & ~s.psg_pass_a if not low else None
-                    gate = Signal(s.P, name=f"gate_{state}")
                     if low:
-                        m.d.comb += gate.eq(s.lanes_on)
+                        m.next = "PSG_DECIDE"
                     else:
-                        m.d.comb += gate.eq(Mux(s.psg_on, s.uncertain, s.lanes_on))
-                    # stage 0: A[b, k]
-                    m.d.comb += s.a_rd.addr.eq(s.a_row + s.k)
-                    with m.If(s.b < s.batch):
-                        m.d.comb += s.count("act_msb_reads" if low else "act_reads")
-                        m.d.sync += [s.b.eq(s.b + 1), s.a_row.eq(s.a_row + s.K)]
-                    m.d.sync += [s.s1_valid.eq(s.b < s.batch), s.s1_last.eq(s.b == s.batch - 1)]
-                    # stage 1: dY word (b, j) unless A is zero and skipping (g_row follows
-                    # the sample in stage 1)
-                    av = s.a_rd.data
-                    live1 = (av != 0) | ~s.zs
-                    m.d.comb += s.g_rd.addr.eq(s.g_row + s.j)
-                    with m.If(s.s1_valid):
-                        m.d.sync += s.g_row.eq(s.g_row + s.nb)
-                        with m.If(live1):
-                            m.d.comb += s.count("grad_msb_lane_reads" if low else
-                                              "grad_lane_reads", popcount(gate))
-                            if low:
-                                # live samples: each confident lane skips their full MACs
-                                m.d.sync += s.live_count.eq(s.live_count + 1)
-                        if low:
-                            with m.Elif(~(s.psg_rel & ~s.psg_pass_a)):
-                                m.d.comb += s.count("skip_zero", popcount(gate))
-                        else:
-                            with m.Elif(~s.psg_on):
-                                m.d.comb += s.count("skip_zero", popcount(gate))
-                    m.d.sync += [s.s2_valid.eq(s.s1_valid), s.s2_live.eq(live1), s.s2_act.eq(av),
-                                 s.s2_last.eq(s.s1_last)]
-                    # stage 2: multiply
-                    drop = spec.GRAD_BITS - spec.PSG_GRAD_MSBS
-                    for i in range(s.P):
-                        if low:
-                            # the top bits of the magnitude with the sign: dY / 2**drop
-                            # truncated toward zero, (g + (2**drop - 1 if g < 0)) >> drop,
-                            # which is g's top bits plus the carry out of its low bits
-                            gi = s.g_lane[i]
-                            hi = gi[drop:].as_signed() + (gi[-1] & (gi[:drop] != 0))
-                            m.d.comb += [s.mul_a[i].eq(hi),
-                                         s.mul_b[i].eq(s.s2_act >> (spec.ACT_BITS -
-                                                                spec.PSG_ACT_MSBS))]
-                        else:
-                            m.d.comb += [s.mul_a[i].eq(s.g_lane[i]), s.mul_b[i].eq(s.s2_act)]
-                        m.d.sync += [s.m2_valid.eq(s.s2_valid & s.s2_live),
-                                 s.m2_last.eq(s.s2_valid & s.s2_last), s.m2_gate.eq(gate)]
-                    with m.If(s.s2_valid & s.s2_live):
-                        m.d.comb += s.count("mac_weight_grad_low" if low else "mac_weight_grad",
-                                          popcount(gate))
-                    # stage 3: accumulate
-                    m.d.comb += s.acc_add.eq(s.m3_valid)
-                    with m.If(s.m3_last):
-                        if low:
-                            m.next = "PSG_DECIDE"
-                        else:
-                            m.next = "UPD_HANDOFF"
-            if s.has_psg:
-                with s.seq_state("PSG_DECIDE"):
-                    # |q| > thr without the negation: q > thr if q >= 0, else ~q = -q - 1 >= thr;
-                    # both are Cat(sign, q ^ sign) > Cat(0, thr), one comparator per lane
-                    def exceeds(q):
-                        sign = q[-1]
-                        folded = (q.as_unsigned() ^ sign.replicate(len(q)))[:len(q) - 1]
-                        return Cat(sign, folded) > Cat(Const(0, 1), s.psg_thr)
-                    conf = Cat(*[s.lanes_on[i] & exceeds(s.pred[i]) for i in range(s.P)])
-                    with m.If(s.psg_pass_a):
-                        # relative mode, first pass: only the maximum over kept lanes, found
-                        # one lane per cycle
-                        m.d.sync += s.p.eq(0)
-                        m.next = "PSG_MAX"
+                        m.next = "UPD_HANDOFF"
+        if s.has_psg:
+            with s.seq_state("PSG_DECIDE"):
+                # |q| > thr without the negation: q > thr if q >= 0, else ~q = -q - 1 >= thr;
+                # both are Cat(sign, q ^ sign) > Cat(0, thr), one comparator per lane
+                def exceeds(q):
+                    sign = q[-1]
+                    folded = (q.as_unsigned() ^ sign.replicate(len(q)))[:len(q) - 1]
+                    return Cat(sign, folded) > Cat(Const(0, 1), s.psg_thr)
+                conf = Cat(*[s.lanes_on[i] & exceeds(s.pred[i]) for i in range(s.P)])
+                with m.If(s.psg_pass_a):
+                    # relative mode, first pass: only the maximum over kept lanes, found
+                    # one lane per cycle
+                    m.d.sync += s.p.eq(0)
+                    m.next = "PSG_MAX"
+                with m.Else():
+                    # skip_psg, live_count per confident lane, is counted by the update
+                    # unit, one lane per cycle
+                    m.d.sync += [s.confident.eq(conf), s.uncertain.eq(s.lanes_on & ~conf)]
+                    with m.If((s.lanes_on & ~conf) != 0):
+                        m.d.comb += s.acc_zero.eq(s.lanes_on & ~conf)
+                        m.d.sync += [s.b.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0),
+                                     s.m2_valid.eq(0), s.m2_last.eq(0),
+                                     s.m3_valid.eq(0), s.m3_last.eq(0),
+                                     s.a_row.eq(s.abase), s.g_row.eq(s.gbase)]
+                        m.next = "WG_FULL"
                     with m.Else():
-                        # skip_psg, live_count per confident lane, is counted by the update
-                        # unit, one lane per cycle
-                        m.d.sync += [s.confident.eq(conf), s.uncertain.eq(s.lanes_on & ~conf)]
-                        with m.If((s.lanes_on & ~conf) != 0):
-                            m.d.comb += s.acc_zero.eq(s.lanes_on & ~conf)
-                            m.d.sync += [s.b.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0),
-                                         s.m2_valid.eq(0), s.m2_last.eq(0),
-                                         s.m3_valid.eq(0), s.m3_last.eq(0),
-                                         s.a_row.eq(s.abase), s.g_row.eq(s.gbase)]
-                            m.next = "WG_FULL"
-                        with m.Else():
-                            m.next = "UPD_HANDOFF"
-                with s.seq_state("PSG_MAX"):
-                    q = Array(s.pred)[s.p]
-                    mag_p = Mux(q < 0, -q, q).as_unsigned()
-                    with m.If(s.lanes_on.bit_select(s.p, 1) & (mag_p > s.psg_max)):
-                        m.d.sync += s.psg_max.eq(mag_p)
-                    m.d.sync += s.p.eq(s.p + 1)
-                    with m.If(s.p == s.P - 1):
-                        m.next = "WG_NEXT_K"
-            with s.seq_state("UPD_HANDOFF"):
-                # hand (j, k)'s gradient to the update unit, which writes it back while the
-                # next (j, k) accumulates; wait only if it is still busy with the last one
-                with m.If(~s.u_busy):
-                    u = s.correction + s.lr_shift
-                    m.d.comb += [s.upd.start.eq(1), s.upd.lanes_on.eq(s.lanes_on),
-                                 s.upd.addr.eq(s.w_row + s.k),
-                                 s.upd.shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
-                                                                spec.UPDATE_SHIFT_MAX, u))),
-                                 s.upd.skip.eq(Mux(s.psg_on, s.confident, 0)),
-                                 s.upd.live.eq(s.live_count)]
-                    # PSG needs only a sign: the prediction's where it was confident
-                    m.d.comb += s.u_load.eq(1)
-                    with m.If(s.k + 1 < s.K):
-                        m.d.sync += s.k.eq(s.k + 1)
-                        m.next = "WG_K"
-                    with m.Else():
-                        m.next = "WG_NEXT_BLOCK"
-            with s.seq_state("WG_WAIT"):
-                with m.If(~s.u_busy):
-                    m.next = "BWD_NEXT"
-            with s.seq_state("WG_NEXT_K"):
+                        m.next = "UPD_HANDOFF"
+            with s.seq_state("PSG_MAX"):
+                q = Array(s.pred)[s.p]
+                mag_p = Mux(q < 0, -q, q).as_unsigned()
+                with m.If(s.lanes_on.bit_select(s.p, 1) & (mag_p > s.psg_max)):
+                    m.d.sync += s.psg_max.eq(mag_p)
+                m.d.sync += s.p.eq(s.p + 1)
+                with m.If(s.p == s.P - 1):
+                    m.next = "WG_NEXT_K"
+
+    def _update_and_next(self, m, s):
+        """UPD_HANDOFF: the update hand-off; WG_WAIT, WG_NEXT_*: the loops over k
+        and j; BWD_NEXT, DESC_BWD: the next layer down."""
+        with s.seq_state("UPD_HANDOFF"):
+            # hand (j, k)'s gradient to the update unit, which writes it back while the
+            # next (j, k) accumulates; wait only if it is still busy with the last one
+            with m.If(~s.u_busy):
+                u = s.correction + s.lr_shift
+                m.d.comb += [s.upd.start.eq(1), s.upd.lanes_on.eq(s.lanes_on),
+                             s.upd.addr.eq(s.w_row + s.k),
+                             s.upd.shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
+                                                            spec.UPDATE_SHIFT_MAX, u))),
+                             s.upd.skip.eq(Mux(s.psg_on, s.confident, 0)),
+                             s.upd.live.eq(s.live_count)]
+                # PSG needs only a sign: the prediction's where it was confident
+                m.d.comb += s.u_load.eq(1)
                 with m.If(s.k + 1 < s.K):
                     m.d.sync += s.k.eq(s.k + 1)
                     m.next = "WG_K"
                 with m.Else():
                     m.next = "WG_NEXT_BLOCK"
-            with s.seq_state("WG_NEXT_BLOCK"):
-                with m.If(s.j + 1 < s.nb):
-                    m.d.sync += [s.j.eq(s.j + 1), s.w_row.eq(s.w_row + s.K)]
-                    m.next = "WG_BLOCK"
-                with m.Elif(s.psg_pass_a):
-                    m.d.sync += [s.psg_pass_a.eq(0), s.j.eq(0), s.w_row.eq(s.wbase)]
-                    m.next = "WG_BLOCK"
-                with m.Else():
-                    m.next = "WG_WAIT"
+        with s.seq_state("WG_WAIT"):
+            with m.If(~s.u_busy):
+                m.next = "BWD_NEXT"
+        with s.seq_state("WG_NEXT_K"):
+            with m.If(s.k + 1 < s.K):
+                m.d.sync += s.k.eq(s.k + 1)
+                m.next = "WG_K"
+            with m.Else():
+                m.next = "WG_NEXT_BLOCK"
+        with s.seq_state("WG_NEXT_BLOCK"):
+            with m.If(s.j + 1 < s.nb):
+                m.d.sync += [s.j.eq(s.j + 1), s.w_row.eq(s.w_row + s.K)]
+                m.next = "WG_BLOCK"
+            with m.Elif(s.psg_pass_a):
+                m.d.sync += [s.psg_pass_a.eq(0), s.j.eq(0), s.w_row.eq(s.wbase)]
+                m.next = "WG_BLOCK"
+            with m.Else():
+                m.next = "WG_WAIT"
 
-            with s.seq_state("BWD_NEXT"):
-                with m.If(s.do_igrad):
-                    m.d.sync += [s.correction.eq(s.correction + spec.WEIGHT_FRAC_BITS - s.dx_shift),
-                                 s.cur_half.eq(~s.cur_half)]
-                with m.If(s.l == 0):
-                    m.d.comb += [s.count("batches"), s.count("samples", s.batch)]
-                    m.d.sync += [s.busy.eq(0), s.limit_start.eq(1)]
-                    m.next = "IDLE"
-                with m.Else():
-                    m.d.sync += s.l.eq(s.l - 1)
-                    m.next = "DESC_BWD"
-            with s.seq_state("DESC_BWD"):
-                load_descriptor("BWD_LAYER")
+        with s.seq_state("BWD_NEXT"):
+            with m.If(s.do_igrad):
+                m.d.sync += [s.correction.eq(s.correction + spec.WEIGHT_FRAC_BITS - s.dx_shift),
+                             s.cur_half.eq(~s.cur_half)]
+            with m.If(s.l == 0):
+                m.d.comb += [s.count("batches"), s.count("samples", s.batch)]
+                m.d.sync += [s.busy.eq(0), s.limit_start.eq(1)]
+                m.next = "IDLE"
+            with m.Else():
+                m.d.sync += s.l.eq(s.l - 1)
+                m.next = "DESC_BWD"
+        with s.seq_state("DESC_BWD"):
+            self._load_descriptor(m, s, "BWD_LAYER")
 
+    def _input_grad_pipeline(self, m, s):
+        """Stages 1 to 3 of the input-gradient pipeline."""
         # stages 1 to 3 of the input-gradient pipeline (IG_RUN issues, IG_DRAIN empties it)
         with m.If(s.ig_pipe):
             # stage 1: the products of the kept lanes of the block read last cycle
@@ -1042,7 +1096,8 @@ class EngineCore(wiring.Component):
             # stage 3: the largest |dX| of the batch sets its scale (REQ_START)
             m.d.comb += s.requant.track.eq(s.s3_valid)
 
-        # ---------------------------------------------------------------- writeback unit
+    def _writeback_and_update(self, m, s):
+        """The writeback unit's and the update unit's wiring."""
         # forward outputs of one block, a lane a cycle through the shared shifter: UQ2.6 bytes
         # into the activation memory, or Q7.8 logits into the gradient memory
         m.d.comb += [s.wb.rounded.eq(s.rq_out), s.requant.rounded.eq(s.rq_out)]
@@ -1078,7 +1133,9 @@ class EngineCore(wiring.Component):
             m.d.comb += [s.u_word_shift.eq(1), s.u_shift_down.eq(1), s.rq_take_head.eq(1),
                          s.rq_head_shift.eq(s.upd.take_shift)]
 
-        # ---------------------------------------------------------------- shifter input
+    def _shifter_and_lanes(self, m, s):
+        """The shared shifter's input, the lanes' controls, u_word and the
+        weight reads' enable."""
         m.d.comb += [s.shifter.en.eq(s.rq_take_dx | s.rq_take_head),
                      s.shifter.value.eq(Mux(s.rq_take_dx, s.s_rd.data, s.lanes.head)),
                      s.shifter.shift.eq(Mux(s.rq_take_dx, s.dx_shift, s.rq_head_shift))]
@@ -1112,9 +1169,11 @@ class EngineCore(wiring.Component):
         #   only after it (next layer, next command), and the bus only once the command has
         #   finished.
         # WeightMemory.conflict records any cycle with both; the simulation tests check it.
-        m.d.comb += s.w_rd.en.eq(Mux(s.busy, fsm.ongoing("FWD_RUN") | fsm.ongoing("IG_RUN") |
+        m.d.comb += s.w_rd.en.eq(Mux(s.busy, s.fsm.ongoing("FWD_RUN") | s.fsm.ongoing("IG_RUN") |
                                    s.upd.rd_en, s.bus_w_rd))
 
+    def _cycle_counters(self, m, s):
+        """The cycle counters of the phases."""
         # cycle counters: every busy cycle, and each phase by the states it runs in
         phases = {
             "cycles_forward": ("DESC_FWD", "FWD_LAYER", "FWD_ROW", "FWD_RUN", "FWD_HANDOFF", "FWD_END",
@@ -1133,10 +1192,11 @@ class EngineCore(wiring.Component):
         }
         m.d.comb += s.count("cycles", s.busy)
         for name, states in phases.items():
-            states = [st for st in states if st in fsm.encoding]     # units left out
-            m.d.comb += s.count(name, sum(fsm.ongoing(st) for st in states) != 0)
+            states = [st for st in states if st in s.fsm.encoding]     # units left out
+            m.d.comb += s.count(name, sum(s.fsm.ongoing(st) for st in states) != 0)
 
-        # ---------------------------------------------------------------- stopping a command
+    def _stopping(self, m, s):
+        """Stopping a command (ember_hw.stopper)."""
         # (docs/protocol.md section 10) When a command stops (an abort before its first weight
         # write, or the watchdog: ember_hw.stopper decides, and keeps STOPPED and the
         # command's answer), the sequencer goes to IDLE (seq_state) and the units that may be
@@ -1145,7 +1205,7 @@ class EngineCore(wiring.Component):
         # its pointers, accumulators and units before it uses them), so the next command runs
         # as on an engine that never ran the stopped one (tests/test_liveness.py).
         m.submodules.stopper = stopper = CommandStop(s.bld)
-        m.d.comb += [stopper.start.eq(fsm.ongoing("IDLE") & (s.start_train | s.start_infer)),
+        m.d.comb += [stopper.start.eq(s.fsm.ongoing("IDLE") & (s.start_train | s.start_infer)),
                      stopper.busy.eq(s.busy), stopper.abort.eq(s.regs.abort),
                      stopper.weight_write.eq(s.upd.wr_en), stopper.layer.eq(s.l),
                      stopper.watchdog.eq(s.settings.watchdog),
@@ -1154,7 +1214,8 @@ class EngineCore(wiring.Component):
         with m.If(s.stop):
             m.d.sync += [s.busy.eq(0), s.limit_start.eq(1)]
 
-        # ---------------------------------------------------------------- memory collisions
+    def _collisions(self, m, s):
+        """The memory collision flag for simulations."""
         # No command uses what a memory read returns for a word written in the same cycle
         # (the board builds let such reads return anything: ember_boards.common.
         # read_collision_script). The states that read each memory, and use the data, are
@@ -1165,9 +1226,9 @@ class EngineCore(wiring.Component):
         # memory. Idle, the bus reads only labels and predictions, never in the cycle it
         # writes one. The weight memory checks itself (wmem.conflict).
         def reading(*states):
-            return Cat(*(fsm.ongoing(st) for st in states if st in fsm.encoding)).any()
+            return Cat(*(s.fsm.ongoing(st) for st in states if st in s.fsm.encoding)).any()
         g_used = Signal(s.P)          # the lanes whose gradient-memory reads are used
-        with m.If(fsm.ongoing("LOSS_RUN")):
+        with m.If(s.fsm.ongoing("LOSS_RUN")):
             m.d.comb += g_used.eq(Const(1, s.P) << s.loss.rd_addr[:s.LOGP])
         with m.Elif(reading("INF_RUN", "SCORE_TOPK", "IG_RUN", "WG_FULL", "WG_LOW")):
             m.d.comb += g_used.eq((1 << s.P) - 1)
@@ -1180,7 +1241,6 @@ class EngineCore(wiring.Component):
                        for rd, wr, states in readers]
         with m.If(Cat(*collisions).any()):
             m.d.sync += self.read_collision.eq(1)
-        return m
 
 
 class _Sequencer:
