@@ -141,8 +141,8 @@ class EngineCore(wiring.Component):
             if unit not in s.bld.features:
                 raise ValueError(f"build '{s.bld.name}': the engine always has the {unit} unit")
         if s.has_ssprop:
-            m.submodules.kmem = kmem = Memory(shape=unsigned(s.P), depth=s.bld.blocks(s.bld.max_width),
-                                              init=[])
+            m.submodules.kmem = kmem = Memory(shape=unsigned(s.P),
+                                              depth=s.bld.blocks(s.bld.max_width), init=[])
             k_rd, k_wr = kmem.read_port(), kmem.write_port()
             s.k_rd, s.k_wr = k_rd, k_wr
         s.w_rd, s.w_wr = wmem.rd, wmem.wr
@@ -173,14 +173,14 @@ class EngineCore(wiring.Component):
         # a build without an optional unit has no register for its settings (they read as
         # their init, constantly)
         m.submodules.regs = s.regs = RegisterBank(s.bld)
-        s.settings = s.regs.settings
-        s.batch, s.n_layers, s.update_mask = s.settings.batch, s.settings.layers, s.settings.update_mask
-        s.lr_shift, flags, s.psg_tau = s.settings.lr_shift, s.settings.flags, s.settings.psg_tau
-        s.psg_step, s.keep_q8, s.lfsr_seed = (s.settings.psg_step_shift, s.settings.keep_q8,
-                                        s.settings.lfsr_seed)
-        s.zero_skip_reg, s.psg_on, s.psg_rel, s.ss_random = (flags[spec.FLAG_BITS.index(name)] for name in
-                                                     ("zero_skip", "psg", "psg_relative",
-                                                      "ssprop_random"))
+        s.settings = settings = s.regs.settings
+        s.batch, s.n_layers, s.update_mask = settings.batch, settings.layers, settings.update_mask
+        s.lr_shift, flags, s.psg_tau = settings.lr_shift, settings.flags, settings.psg_tau
+        s.psg_step, s.keep_q8, s.lfsr_seed = (settings.psg_step_shift, settings.keep_q8,
+                                              settings.lfsr_seed)
+        s.zero_skip_reg, s.psg_on, s.psg_rel, s.ss_random = (
+            flags[spec.FLAG_BITS.index(name)]
+            for name in ("zero_skip", "psg", "psg_relative", "ssprop_random"))
         off = Const(0, 1)
         if not s.has_psg:
             s.psg_on = s.psg_rel = off
@@ -201,7 +201,8 @@ class EngineCore(wiring.Component):
         # (bulk counters, the ssProp keep count); while idle it holds the input batch's bytes,
         # batch * inputs of layer 0, the bus write limit of the activation region, recomputed
         # after a write of either register and after each command
-        m.submodules.mul = s.mul = SerialMultiplier(max(s.BATCH + s.WIDTH, len(s.keep_q8)), s.WIDTH)
+        m.submodules.mul = s.mul = SerialMultiplier(max(s.BATCH + s.WIDTH, len(s.keep_q8)),
+                                                    s.WIDTH)
         s.limit_start = Signal()
         m.d.sync += s.limit_start.eq(s.regs.limit_changed)
         m.d.comb += [s.mul.start.eq(s.limit_start), s.mul.a.eq(s.batch), s.mul.b.eq(inputs0)]
@@ -220,7 +221,8 @@ class EngineCore(wiring.Component):
         m.submodules.counters = s.counters = CounterFile(bounds)
         s.inc = {name: getattr(s.counters.inc, name) for name in spec.COUNTERS}
         m.d.comb += [s.counters.clear.eq(s.regs.clear_counters),
-                     s.inc["link_rx_bytes"].eq(self.link_rx), s.inc["link_tx_bytes"].eq(self.link_tx)]
+                     s.inc["link_rx_bytes"].eq(self.link_rx),
+                     s.inc["link_tx_bytes"].eq(self.link_tx)]
 
     def _bus_slave(self, m, s):
         """The command state; the bus slave (register bank and memory window)."""
@@ -241,7 +243,7 @@ class EngineCore(wiring.Component):
         # (ember_hw.memwindow)
         region = self.bus.addr[spec.REGION_BITS:]
         offset = self.bus.addr[:spec.REGION_BITS]
-        s.desc_loading = Signal()             # the sequencer has the descriptor read port
+        s.desc_loading = Signal()           # the sequencer has the descriptor read port
         s.desc_addr = Signal.like(s.regs.desc_addr)
         m.d.comb += [s.regs.desc_loading.eq(s.desc_loading), s.regs.desc_addr.eq(s.desc_addr),
                      s.counters.read_req.eq(s.regs.counter_req),
@@ -268,7 +270,8 @@ class EngineCore(wiring.Component):
         m.submodules.window = win = MemoryWindow(s.bld)
         m.d.comb += [win.sel.eq(active & (region != 0)), win.addr.eq(self.bus.addr),
                      win.write.eq(wr), win.w_data.eq(self.bus.w_data), win.busy.eq(s.busy),
-                     win.act_limit.eq(s.mul.product), win.limit_ready.eq(~s.limit_start & s.mul.done),
+                     win.act_limit.eq(s.mul.product),
+                     win.limit_ready.eq(~s.limit_start & s.mul.done),
                      win.classes.eq(s.regs.classes)]
         with m.If(active):
             with m.If(region == 0):
@@ -280,12 +283,12 @@ class EngineCore(wiring.Component):
         # memory ports driven by the window when idle (it requests nothing while busy; the
         # sequencer's states, below, drive them then)
         s.bus_w_addr = win.w_rd_addr
-        s.bus_w_rd = win.w_rd                 # the bus reads a weight word (w_rd.en when idle)
+        s.bus_w_rd = win.w_rd               # the bus reads a weight word (w_rd.en when idle)
         # (the lanes' data registers are reset_less: every phase writes them before it reads
         # them, and a reset net to thousands of flip-flops only costs routing)
-        s.u_word = Signal(s.P * s.W, reset_less=True)     # a weight word, shifted down a lane a cycle
-        s.u_word_load = Signal()              # u_word <- the weight word read last cycle
-        s.u_word_shift = Signal()             # u_word shifts down one lane
+        s.u_word = Signal(s.P * s.W, reset_less=True)  # a weight word, shifted down a lane a cycle
+        s.u_word_load = Signal()            # u_word <- the weight word read last cycle
+        s.u_word_shift = Signal()           # u_word shifts down one lane
         m.d.comb += [s.w_wr.addr.eq(win.w_wr_addr), s.w_wr.data.eq(win.w_wr_data),
                      s.w_wr.en.eq(win.w_wr_en),
                      s.u_word_load.eq(win.u_word_load), s.u_word_shift.eq(win.u_word_shift),
@@ -294,14 +297,15 @@ class EngineCore(wiring.Component):
                      s.a_wr.en.eq(win.act_wr_en), s.count("act_writes", win.act_wr_en),
                      s.l_wr.addr.eq(win.label_wr_addr), s.l_wr.data.eq(win.label_wr_data),
                      s.l_wr.en.eq(win.label_wr_en),
-                     s.regs.label_word.eq(win.label_word), s.regs.label_written.eq(win.label_written),
+                     s.regs.label_word.eq(win.label_word),
+                     s.regs.label_written.eq(win.label_written),
                      s.l_rd.addr.eq(win.label_rd_addr), s.p_rd.addr.eq(win.label_rd_addr),
                      win.label_rd_data.eq(s.l_rd.data), win.pred_rd_data.eq(s.p_rd.data)]
 
     def _sequencer_registers(self, m, s):
         """The sequencer's loop indices, the current layer's descriptor
         registers and its running pointers."""
-        s.l = Signal(range(s.L + 1))            # current layer
+        s.l = Signal(range(s.L + 1))        # current layer
         s.b = Signal(s.BATCH)
         s.j = Signal(s.WIDTH)
         s.k = Signal(s.WIDTH)
@@ -314,7 +318,7 @@ class EngineCore(wiring.Component):
         s.abase = Signal(s.field_bits["act_base"])
         s.shift = Signal(s.field_bits["shift"])
         s.next_abase = Signal(s.field_bits["act_base"])
-        s.desc_regs = [s.K, s.N, s.wbase, s.abase, s.shift, s.next_abase]     # in the order they load
+        s.desc_regs = [s.K, s.N, s.wbase, s.abase, s.shift, s.next_abase]  # in the order they load
         s.desc_step = Signal(range(len(s.desc_regs) + 1))
         # blocks of the current layer's outputs (N) and of its inputs (K: the outputs of the
         # layer below), loaded with N and K
@@ -322,19 +326,21 @@ class EngineCore(wiring.Component):
         s.last_layer = Signal()
         m.d.comb += s.last_layer.eq(s.l == s.n_layers - 1)
         half = s.bld.grad_words // 2
-        s.cur_half = Signal()                 # which half of gmem holds the current dY
+        s.cur_half = Signal()               # which half of gmem holds the current dY
         s.gbase = Signal(_bits(s.bld.grad_words))
         s.gbase_below = Signal(_bits(s.bld.grad_words))
-        m.d.comb += [s.gbase.eq(Mux(s.cur_half, half, 0)), s.gbase_below.eq(Mux(s.cur_half, 0, half))]
+        m.d.comb += [s.gbase.eq(Mux(s.cur_half, half, 0)),
+                     s.gbase_below.eq(Mux(s.cur_half, 0, half))]
         s.zs = Signal()
         m.d.comb += s.zs.eq(s.zero_skip_reg | s.infer_mode)
 
         # running pointers, stepped by addition as the loops advance (no products of two
         # signals outside the MAC lanes); each phase sets them up and steps them in its order
-        s.a_row = Signal.like(s.abase)          # act address of (b, k=0) of the current layer's input
-        s.o_row = Signal.like(s.abase)          # forward: act address of (b, 0) of its output
-        s.w_row = Signal.like(s.wbase)          # weight word of (j, k=0)
-        s.g_row = Signal(_bits(s.bld.grad_words))   # gradient word of (b, j=0) (REQ: the half below)
+        s.a_row = Signal.like(s.abase)      # act address of (b, k=0) of the current layer's input
+        s.o_row = Signal.like(s.abase)      # forward: act address of (b, 0) of its output
+        s.w_row = Signal.like(s.wbase)      # weight word of (j, k=0)
+        # gradient word of (b, j=0) (REQ: the half below)
+        s.g_row = Signal(_bits(s.bld.grad_words))
 
     def _lane_datapath(self, m, s):
         """The lanes' datapath, the shared shifter and the scalar helpers
@@ -376,15 +382,15 @@ class EngineCore(wiring.Component):
         s.m3_valid, s.m3_last = Signal(), Signal(name="m3_last")
         s.m3_gate = Signal(s.P)
         m.d.sync += [s.m3_valid.eq(s.m2_valid), s.m3_last.eq(s.m2_last), s.m3_gate.eq(s.m2_gate)]
-        s.ig_keep = Signal(s.P)                 # input gradient: the lanes whose products count
+        s.ig_keep = Signal(s.P)             # input gradient: the lanes whose products count
         s.s2_act = Signal(spec.ACT_BITS)
         # the lanes' registers are stepped in one place (end of elaborate) by these strobes
-        s.acc_clear = Signal()                # accumulators to 0
-        s.acc_zero = Signal(s.P)                # these lanes' accumulators to 0
-        s.acc_add = Signal()                  # acc += prod_r in the lanes of m3_gate
-        s.u_load = Signal()                   # the lanes' snapshot <- acc (MacLanes.snap)
-        s.u_shift_down = Signal()             # the snapshot moves down a lane: its head was taken
-        s.lanes_on = Signal(s.P)                # kept lanes of the current block
+        s.acc_clear = Signal()              # accumulators to 0
+        s.acc_zero = Signal(s.P)            # these lanes' accumulators to 0
+        s.acc_add = Signal()                # acc += prod_r in the lanes of m3_gate
+        s.u_load = Signal()                 # the lanes' snapshot <- acc (MacLanes.snap)
+        s.u_shift_down = Signal()           # the snapshot moves down a lane: its head was taken
+        s.lanes_on = Signal(s.P)            # kept lanes of the current block
         s.s1_lanes = Signal(s.P)
 
         # one rounding shifter (ember_hw.arith), shared by the three units that requantize and
@@ -395,7 +401,7 @@ class EngineCore(wiring.Component):
         # has round_shift_twice(value) (its sign is the value's) the cycle after the take,
         # rq_out the rounded value two cycles after it
         m.submodules.shifter = s.shifter = RoundingShifter(max(LACC, spec.DX_BITS),
-                                                         spec.SHIFT_MAX)
+                                                           spec.SHIFT_MAX)
         s.rq_twice, s.rq_out = s.shifter.twice, s.shifter.out
         s.rq_take_head, s.rq_take_dx = Signal(), Signal(name="rq_take_dx")
         s.rq_head_shift = Signal.like(s.shifter.shift)
@@ -408,40 +414,43 @@ class EngineCore(wiring.Component):
         s.dx_shift = s.requant.shift
         # the update shift's correction: WEIGHT_FRAC_BITS - dx_shift for each layer above
         s.correction = Signal(range(-(s.L - 1) * max(0, spec.DX_SHIFT_MAX - spec.WEIGHT_FRAC_BITS),
-                                  (s.L - 1) * spec.WEIGHT_FRAC_BITS + 1))
+                                    (s.L - 1) * spec.WEIGHT_FRAC_BITS + 1))
         s.keep = Signal(s.WIDTH)
-        s.batch_k = Signal(s.BATCH + s.WIDTH)     # batch * K of the current layer
+        s.batch_k = Signal(s.BATCH + s.WIDTH)  # batch * K of the current layer
         s.do_wgrad, s.do_igrad = Signal(), Signal(name="do_igrad")
-        s.live_count = Signal(s.BATCH)          # PSG: live samples of the low pass of (j, k)
+        s.live_count = Signal(s.BATCH)      # PSG: live samples of the low pass of (j, k)
         s.psg_max = Signal(s.PRED)
         # the threshold of PSG_DECIDE, set in WG_K; no |prediction| exceeds 2**(PRED-1),
         # so larger thresholds are held as that
         s.psg_thr = Signal(s.PRED)
-        s.psg_pass_a = Signal()               # relative mode: first pass, finds the maximum
+        s.psg_pass_a = Signal()             # relative mode: first pass, finds the maximum
         # the PSG prediction is accumulated in the lane's accumulator (it fits PRED bits); the
         # uncertain lanes' are cleared for the recompute, the confident lanes' kept
         s.pred = [a[:s.PRED].as_signed() for a in acc]
         s.confident = Signal(s.P)
         s.uncertain = Signal(s.P)
         # the update unit's copy of one (j, k): gradient sources, kept lanes, address, shift
-        s.upd = UpdateUnit(s.P, LACC, addr_bits=len(s.wbase), live_bits=s.BATCH, step_bits=len(s.psg_step))
+        s.upd = UpdateUnit(s.P, LACC, addr_bits=len(s.wbase), live_bits=s.BATCH,
+                           step_bits=len(s.psg_step))
         m.submodules.update = ResetInserter(s.stop)(s.upd)
         s.u_busy = s.upd.busy
         # the forward writeback unit (it takes the lanes' snapshot a lane a cycle)
         s.wb = ForwardWriteback(s.P, LACC, act_addr_bits=len(s.abase),
-                              grad_addr_bits=_bits(s.bld.grad_words), shift_bits=len(s.shift))
+                                grad_addr_bits=_bits(s.bld.grad_words), shift_bits=len(s.shift))
         m.submodules.writeback = ResetInserter(s.stop)(s.wb)
         s.wb_busy = s.wb.busy
         s.score = Signal(len(s.sel.score_data) if s.has_ssprop else 1)
         s.packed = Signal(s.P)
 
-        s.kept_dense = Signal(s.P)              # lanes of block j that exist
+        s.kept_dense = Signal(s.P)          # lanes of block j that exist
         remaining = Signal(signed(s.WIDTH + 1))
         m.d.comb += remaining.eq(s.N - (s.j << s.LOGP))
         # lanes 0 .. remaining - 1, as a thermometer code (no comparator per lane)
-        thermometer = ((Const(1, s.P + 1) << remaining[:s.LOGP]) - 1)[:s.P] if s.LOGP else Const(0, 1)
+        thermometer = (((Const(1, s.P + 1) << remaining[:s.LOGP]) - 1)[:s.P] if s.LOGP
+                       else Const(0, 1))
         m.d.comb += s.kept_dense.eq(Mux(remaining[-1] | (remaining == 0), 0,
-                                      Mux(remaining[s.LOGP:-1] != 0, (1 << s.P) - 1, thermometer)))
+                                        Mux(remaining[s.LOGP:-1] != 0, (1 << s.P) - 1,
+                                            thermometer)))
         s.dense = Signal()
         m.d.comb += s.dense.eq(s.keep >= s.N if s.has_ssprop else 1)
 
@@ -525,8 +534,8 @@ class EngineCore(wiring.Component):
             # stage 2: multiply
             for i in range(s.P):
                 m.d.comb += [s.mul_a[i].eq(s.w_lane[i]), s.mul_b[i].eq(s.s2_act)]
-            m.d.sync += [s.m2_valid.eq(s.s2_valid & s.s2_live), s.m2_last.eq(s.s2_valid & s.s2_last),
-                         s.m2_gate.eq(lanes_valid)]
+            m.d.sync += [s.m2_valid.eq(s.s2_valid & s.s2_live),
+                         s.m2_last.eq(s.s2_valid & s.s2_last), s.m2_gate.eq(lanes_valid)]
             with m.If(s.s2_valid & s.s2_live):
                 m.d.comb += s.count("mac_forward", popcount(lanes_valid))
             # stage 3: accumulate
@@ -581,7 +590,8 @@ class EngineCore(wiring.Component):
             m.next = "INF_RUN"
         with s.seq_state("INF_RUN"):
             # stage 0: read logit n; stage 1: its lane into g_pick; stage 2: compare
-            m.d.comb += [s.g_rd.addr.eq(s.g_row + (s.n >> s.LOGP)), s.count("grad_reads", s.n < s.N)]
+            m.d.comb += [s.g_rd.addr.eq(s.g_row + (s.n >> s.LOGP)),
+                         s.count("grad_reads", s.n < s.N)]
             m.d.sync += [s.s1_valid.eq(s.n < s.N), s.s1_last.eq(s.n == s.N - 1),
                          s.p.eq(s.n[:s.LOGP] if s.LOGP else 0)]
             with m.If(s.n < s.N):
@@ -656,7 +666,7 @@ class EngineCore(wiring.Component):
             with m.If(s.mul.done):
                 if s.has_ssprop:
                     m.d.sync += s.keep.eq(Mux(s.keep_q8 >= spec.KEEP_ONE, s.N,
-                                            Mux(kept == 0, 1, kept)))
+                                              Mux(kept == 0, 1, kept)))
                 else:
                     m.d.sync += s.keep.eq(s.N)
                 m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.batch), s.mul.b.eq(s.K)]
@@ -672,19 +682,19 @@ class EngineCore(wiring.Component):
             bnk = s.mul.product
             with m.If(s.mul.done):
                 m.d.comb += s.count("skip_slu", Mux(s.do_wgrad, 0, bnk) +
-                                  Mux((s.l != 0) & ~s.do_igrad, bnk, 0))
+                                    Mux((s.l != 0) & ~s.do_igrad, bnk, 0))
                 m.d.comb += [s.mul.start.eq(1), s.mul.a.eq(s.batch_k), s.mul.b.eq(s.N - s.keep)]
                 m.next = "BWD_LAYER2"
         with s.seq_state("BWD_LAYER2"):
             # batch*(N-keep)*K MACs that ssProp skips in each pass that runs
             with m.If(s.mul.done):
                 ssprop = s.mul.product
-                if s.has_ssprop:          # (without ssProp the product is 0)
+                if s.has_ssprop:        # (without ssProp the product is 0)
                     m.d.comb += s.count("skip_ssprop",
-                                      Mux(s.do_wgrad & s.do_igrad, ssprop << 1,
-                                          Mux(s.do_wgrad | s.do_igrad, ssprop, 0)))
-                m.d.sync += [s.n.eq(0), s.b.eq(0), s.score.eq(0), s.s1_valid.eq(0), s.s2_valid.eq(0),
-                             s.g_row.eq(s.gbase)]
+                                        Mux(s.do_wgrad & s.do_igrad, ssprop << 1,
+                                            Mux(s.do_wgrad | s.do_igrad, ssprop, 0)))
+                m.d.sync += [s.n.eq(0), s.b.eq(0), s.score.eq(0), s.s1_valid.eq(0),
+                             s.s2_valid.eq(0), s.g_row.eq(s.gbase)]
                 with m.If(~(s.do_wgrad | s.do_igrad)):
                     m.next = "BWD_NEXT"
                 with m.Elif(s.dense):
@@ -699,7 +709,8 @@ class EngineCore(wiring.Component):
         if s.has_ssprop:
             # ssProp scores: sum over the batch of |dY[b, n]|, or LFSR states
             with s.seq_state("SCORE_TOPK"):
-                m.d.comb += [s.g_rd.addr.eq(s.g_row + (s.n >> s.LOGP)), s.count("grad_reads", s.n < s.N)]
+                m.d.comb += [s.g_rd.addr.eq(s.g_row + (s.n >> s.LOGP)),
+                             s.count("grad_reads", s.n < s.N)]
                 m.d.sync += [s.s1_valid.eq(s.n < s.N), s.s1_last.eq(s.b == s.batch - 1),
                              s.p.eq(s.n[:s.LOGP] if s.LOGP else 0)]
                 with m.If(s.n < s.N):
@@ -776,7 +787,7 @@ class EngineCore(wiring.Component):
         # slots run. Stage 1 has the operands (registered in stage 1b), stage 2 the kept
         # lanes' products, which it adds (adder tree) into dX, written at the (b, k)'s last
         # slot; stage 3 keeps max |dX|.
-        sidx = Signal(range(s.bld.scratch_entries + 1))       # b*K + k of the current slot
+        sidx = Signal(range(s.bld.scratch_entries + 1))     # b*K + k of the current slot
         relu_cur = Signal()
         s.s1_relu, s.s1_live = Signal(), Signal(name="s1_live")
         s.s1b_valid, s.s1b_last, s.s1b_relu = Signal(), Signal(), Signal(name="s1b_relu")
@@ -790,7 +801,7 @@ class EngineCore(wiring.Component):
         s.s2t_sum = Signal(signed(s.DACC))
         s.s3_valid = Signal()
         s.s3_dx = Signal(signed(spec.DX_BITS))
-        s.ig_pipe = Signal()                  # IG_RUN or IG_DRAIN: stages 1 to 3 run
+        s.ig_pipe = Signal()                # IG_RUN or IG_DRAIN: stages 1 to 3 run
         with s.seq_state("IG_A"):
             m.d.comb += s.a_rd.addr.eq(s.abase)
             m.d.sync += [s.j.eq(0), s.dx_acc.eq(0), s.s1_valid.eq(0), s.s1b_valid.eq(0),
@@ -811,7 +822,7 @@ class EngineCore(wiring.Component):
             relu_now = Mux(first, s.a_rd.data != 0, relu_cur)
             live_now = relu_now | ~s.zs
             last_slot = ~live_now | (s.j == s.nb - 1)
-            m.d.comb += s.a_rd.addr.eq(s.abase + sidx + 1)       # the next (b, k)
+            m.d.comb += s.a_rd.addr.eq(s.abase + sidx + 1)   # the next (b, k)
             with m.If(first):
                 m.d.sync += relu_cur.eq(s.a_rd.data != 0)
                 m.d.comb += s.count("act_reads")
@@ -837,7 +848,7 @@ class EngineCore(wiring.Component):
                 m.d.sync += [s.j.eq(s.j + 1), s.w_row.eq(s.w_row + s.K)]
 
         # ---------------- dX -> dY of the layer below, with the batch's power-of-two scale
-        ridx = Signal(range(s.bld.scratch_entries + 1))      # b*K + k, up to the batch's
+        ridx = Signal(range(s.bld.scratch_entries + 1))    # b*K + k, up to the batch's
         req_s3_valid, req_s4_valid = Signal(), Signal()
         with s.seq_state("REQ_START"):
             m.d.comb += s.requant.latch.eq(1)
@@ -929,7 +940,7 @@ class EngineCore(wiring.Component):
                     m.d.sync += s.g_row.eq(s.g_row + s.nb)
                     with m.If(live1):
                         m.d.comb += s.count("grad_msb_lane_reads" if low else
-                                          "grad_lane_reads", popcount(gate))
+                                            "grad_lane_reads", popcount(gate))
                         if low:
                             # live samples: each confident lane skips their full MACs
                             m.d.sync += s.live_count.eq(s.live_count + 1)
@@ -952,14 +963,14 @@ class EngineCore(wiring.Component):
                         hi = gi[drop:].as_signed() + (gi[-1] & (gi[:drop] != 0))
                         m.d.comb += [s.mul_a[i].eq(hi),
                                      s.mul_b[i].eq(s.s2_act >> (spec.ACT_BITS -
-                                                            spec.PSG_ACT_MSBS))]
+                                                                spec.PSG_ACT_MSBS))]
                     else:
                         m.d.comb += [s.mul_a[i].eq(s.g_lane[i]), s.mul_b[i].eq(s.s2_act)]
                     m.d.sync += [s.m2_valid.eq(s.s2_valid & s.s2_live),
-                             s.m2_last.eq(s.s2_valid & s.s2_last), s.m2_gate.eq(gate)]
+                                 s.m2_last.eq(s.s2_valid & s.s2_last), s.m2_gate.eq(gate)]
                 with m.If(s.s2_valid & s.s2_live):
                     m.d.comb += s.count("mac_weight_grad_low" if low else "mac_weight_grad",
-                                      popcount(gate))
+                                        popcount(gate))
                 # stage 3: accumulate
                 m.d.comb += s.acc_add.eq(s.m3_valid)
                 with m.If(s.m3_last):
@@ -1014,7 +1025,7 @@ class EngineCore(wiring.Component):
                 m.d.comb += [s.upd.start.eq(1), s.upd.lanes_on.eq(s.lanes_on),
                              s.upd.addr.eq(s.w_row + s.k),
                              s.upd.shift.eq(Mux(u < 0, 0, Mux(u > spec.UPDATE_SHIFT_MAX,
-                                                            spec.UPDATE_SHIFT_MAX, u))),
+                                                              spec.UPDATE_SHIFT_MAX, u))),
                              s.upd.skip.eq(Mux(s.psg_on, s.confident, 0)),
                              s.upd.live.eq(s.live_count)]
                 # PSG needs only a sign: the prediction's where it was confident
@@ -1078,8 +1089,8 @@ class EngineCore(wiring.Component):
                              s.count("weight_reads", popcount(kept1)),
                              s.count("grad_lane_reads", popcount(kept1))]
             # stage 2: the sum of the lanes' products
-            m.d.sync += [s.s2t_valid.eq(s.s2_valid), s.s2t_last.eq(s.s2_last), s.s2t_relu.eq(s.s2_relu),
-                         s.s2t_sum.eq(tree_sum(s.prod_r))]
+            m.d.sync += [s.s2t_valid.eq(s.s2_valid), s.s2t_last.eq(s.s2_last),
+                         s.s2t_relu.eq(s.s2_relu), s.s2t_sum.eq(tree_sum(s.prod_r))]
             # stage 2t: sum into dX; written at the last slot of its (b, k)
             total = Signal(signed(s.DACC), name="dx_total")
             m.d.comb += total.eq(s.dx_acc + s.s2t_sum)
@@ -1105,10 +1116,12 @@ class EngineCore(wiring.Component):
         # sequencer's state through |dX| and its comparison into the maximum's enable)
         m.d.comb += s.requant.dx.eq(s.s3_dx)
         with m.If(s.wb.take):
-            m.d.comb += [s.u_shift_down.eq(1), s.rq_take_head.eq(1), s.rq_head_shift.eq(s.wb.take_shift)]
+            m.d.comb += [s.u_shift_down.eq(1), s.rq_take_head.eq(1),
+                         s.rq_head_shift.eq(s.wb.take_shift)]
         with m.If(s.wb.grad_wr_en):
             m.d.comb += [s.g_wr.addr.eq(s.wb.grad_wr_word), s.g_wr_value.eq(s.wb.grad_wr_value),
-                         s.g_wr_on.eq(1), s.g_wr_lane.eq(s.wb.grad_wr_lane), s.count("grad_writes")]
+                         s.g_wr_on.eq(1), s.g_wr_lane.eq(s.wb.grad_wr_lane),
+                         s.count("grad_writes")]
         with m.If(s.wb.act_wr_en):
             m.d.comb += [s.a_wr.addr.eq(s.wb.act_wr_addr), s.a_wr.data.eq(s.wb.act_wr_data),
                          s.a_wr.en.eq(1), s.count("act_writes")]
@@ -1122,7 +1135,8 @@ class EngineCore(wiring.Component):
                      s.upd.old_weight.eq(s.u_word[:s.W]), s.upd.twice.eq(s.rq_twice),
                      s.upd.rounded.eq(s.rq_out), s.count("skip_psg", s.upd.skipped)]
         with m.If(s.upd.wr_en):
-            m.d.comb += [s.w_wr.addr.eq(s.upd.word_addr), s.w_wr.data.eq(s.upd.wr_value.replicate(s.P)),
+            m.d.comb += [s.w_wr.addr.eq(s.upd.word_addr),
+                         s.w_wr.data.eq(s.upd.wr_value.replicate(s.P)),
                          s.w_wr.en.eq(Const(1, s.P) << s.upd.wr_lane), s.count("weight_writes")]
         with m.If(s.upd.rd_en):
             m.d.comb += [s.w_rd.addr.eq(s.upd.word_addr),
@@ -1170,18 +1184,18 @@ class EngineCore(wiring.Component):
         #   finished.
         # WeightMemory.conflict records any cycle with both; the simulation tests check it.
         m.d.comb += s.w_rd.en.eq(Mux(s.busy, s.fsm.ongoing("FWD_RUN") | s.fsm.ongoing("IG_RUN") |
-                                   s.upd.rd_en, s.bus_w_rd))
+                                     s.upd.rd_en, s.bus_w_rd))
 
     def _cycle_counters(self, m, s):
         """The cycle counters of the phases."""
         # cycle counters: every busy cycle, and each phase by the states it runs in
         phases = {
-            "cycles_forward": ("DESC_FWD", "FWD_LAYER", "FWD_ROW", "FWD_RUN", "FWD_HANDOFF", "FWD_END",
-                               "AFTER_FWD",
+            "cycles_forward": ("DESC_FWD", "FWD_LAYER", "FWD_ROW", "FWD_RUN", "FWD_HANDOFF",
+                               "FWD_END", "AFTER_FWD",
                                "INF_ROW", "INF_RUN", "INF_WRITE"),
             "cycles_loss": ("LOSS_START", "LOSS_GO", "LOSS_GO2", "LOSS_RUN"),
-            "cycles_select": ("DESC_BWD", "BWD_LAYER", "BWD_KEEP", "BWD_BK", "BWD_BNK", "BWD_LAYER2",
-                              "SCORE_TOPK", "SCORE_RANDOM",
+            "cycles_select": ("DESC_BWD", "BWD_LAYER", "BWD_KEEP", "BWD_BK", "BWD_BNK",
+                              "BWD_LAYER2", "SCORE_TOPK", "SCORE_RANDOM",
                               "SELECT", "SELECT_WAIT", "PACK", "BWD_NEXT"),
             "cycles_input_grad": ("IG_START", "IG_A", "IG_RUN", "IG_DRAIN",
                                   "REQ_START", "REQ_RUN"),
@@ -1192,7 +1206,7 @@ class EngineCore(wiring.Component):
         }
         m.d.comb += s.count("cycles", s.busy)
         for name, states in phases.items():
-            states = [st for st in states if st in s.fsm.encoding]     # units left out
+            states = [st for st in states if st in s.fsm.encoding]   # units left out
             m.d.comb += s.count(name, sum(s.fsm.ongoing(st) for st in states) != 0)
 
     def _stopping(self, m, s):
@@ -1227,7 +1241,7 @@ class EngineCore(wiring.Component):
         # writes one. The weight memory checks itself (wmem.conflict).
         def reading(*states):
             return Cat(*(s.fsm.ongoing(st) for st in states if st in s.fsm.encoding)).any()
-        g_used = Signal(s.P)          # the lanes whose gradient-memory reads are used
+        g_used = Signal(s.P)        # the lanes whose gradient-memory reads are used
         with m.If(s.fsm.ongoing("LOSS_RUN")):
             m.d.comb += g_used.eq(Const(1, s.P) << s.loss.rd_addr[:s.LOGP])
         with m.Elif(reading("INF_RUN", "SCORE_TOPK", "IG_RUN", "WG_FULL", "WG_LOW")):
