@@ -101,6 +101,8 @@ class EngineCore(wiring.Component):
         self._lane_datapath(m, s)
 
         # --------------------------------------------------------------------- the FSM
+        # each phase adds its states, in this order (the FSM's encoding follows it); the
+        # statements of every method keep their order, since later assignments take priority
         with m.FSM(name="seq") as fsm:
             self._idle(m, s)
             self._forward(m, s)
@@ -156,7 +158,7 @@ class EngineCore(wiring.Component):
         s.a_rd, s.a_wr, s.s_rd, s.s_wr = a_rd, a_wr, s_rd, s_wr
         s.l_rd, s.l_wr, s.p_rd, s.p_wr = l_rd, l_wr, p_rd, p_wr
 
-        # a stopped command (abort or watchdog, "stopping a command" below) resets the units
+        # a stopped command (abort or watchdog: _stopping) resets the units
         # it may leave half way; their memories keep their contents
         s.stop = Signal()
         s.loss = SoftmaxGradUnit(max_classes=s.bld.max_width)
@@ -233,7 +235,7 @@ class EngineCore(wiring.Component):
         # counters act on them in the next cycle
         s.start_train, s.start_infer = s.regs.start_train, s.regs.start_infer
         m.d.comb += s.regs.busy.eq(s.busy)
-        # the end of a command, for the bridge's deferred answer (how it ended: below)
+        # the end of a command, for the bridge's deferred answer (how it ended: _stopping)
         busy_was = Signal()
         m.d.sync += busy_was.eq(s.busy)
         m.d.comb += self.bus.cmd_done.eq(busy_was & ~s.busy)
@@ -281,7 +283,7 @@ class EngineCore(wiring.Component):
                 m.d.comb += [answer_ack.eq(win.ack), answer_err.eq(win.err),
                              answer_data.eq(win.data)]
         # memory ports driven by the window when idle (it requests nothing while busy; the
-        # sequencer's states, below, drive them then)
+        # sequencer's states, the phases' methods, drive them then)
         s.bus_w_addr = win.w_rd_addr
         s.bus_w_rd = win.w_rd               # the bus reads a weight word (w_rd.en when idle)
         # (the lanes' data registers are reset_less: every phase writes them before it reads
@@ -345,7 +347,6 @@ class EngineCore(wiring.Component):
     def _lane_datapath(self, m, s):
         """The lanes' datapath, the shared shifter and the scalar helpers
         the phases share; the memory ports' defaults."""
-        # lane datapath
         # accumulators as wide as this build's largest sums (spec.Build.*_bits)
         LACC, s.DACC, s.PRED = s.bld.lane_acc_bits(), s.bld.dx_acc_bits(), s.bld.pred_bits()
         assert s.PRED <= LACC, "the PSG prediction is accumulated in the lane accumulators"
@@ -384,7 +385,7 @@ class EngineCore(wiring.Component):
         m.d.sync += [s.m3_valid.eq(s.m2_valid), s.m3_last.eq(s.m2_last), s.m3_gate.eq(s.m2_gate)]
         s.ig_keep = Signal(s.P)             # input gradient: the lanes whose products count
         s.s2_act = Signal(spec.ACT_BITS)
-        # the lanes' registers are stepped in one place (end of elaborate) by these strobes
+        # the lanes' registers are stepped in one place (_shifter_and_lanes) by these strobes
         s.acc_clear = Signal()              # accumulators to 0
         s.acc_zero = Signal(s.P)            # these lanes' accumulators to 0
         s.acc_add = Signal()                # acc += prod_r in the lanes of m3_gate
@@ -470,13 +471,12 @@ class EngineCore(wiring.Component):
                     m.d.comb += [s.lfsr.load.eq(1), s.lfsr.seed.eq(s.lfsr_seed)]
                 m.next = "DESC_FWD"
 
-
         with s.seq_state("DESC_FWD"):
             self._load_descriptor(m, s, "FWD_LAYER")
 
     def _load_descriptor(self, m, s, then):
-        """Layer l's descriptor into K, N, ... (one read a cycle), then on to state
-`then`."""
+        """Layer l's descriptor into K, N, ... (one read a cycle), then on to state `then`
+        (DESC_FWD, DESC_BWD)."""
         m.d.comb += s.desc_loading.eq(1)
         fields = [s.l * spec.LAYER_STRIDE + f for f in range(len(spec.LAYER_FIELDS))]
         fields.append((s.l + 1) * spec.LAYER_STRIDE + spec.LAYER_FIELDS.index("act_base"))
@@ -615,7 +615,6 @@ class EngineCore(wiring.Component):
 
     def _loss(self, m, s):
         """LOSS_*: the softmax-gradient unit, one sample at a time."""
-        # ---------------- loss: the softmax-gradient unit, one sample at a time
         with s.seq_state("LOSS_START"):
             m.d.comb += [s.l_rd.addr.eq(s.b)]
             m.next = "LOSS_GO"
@@ -1213,11 +1212,12 @@ class EngineCore(wiring.Component):
         """Stopping a command (ember_hw.stopper)."""
         # (docs/protocol.md section 10) When a command stops (an abort before its first weight
         # write, or the watchdog: ember_hw.stopper decides, and keeps STOPPED and the
-        # command's answer), the sequencer goes to IDLE (seq_state) and the units that may be
-        # half way through something are reset (ResetInserter above). The memories keep their
-        # contents; of what a command writes, only the weights outlive it (every phase sets up
-        # its pointers, accumulators and units before it uses them), so the next command runs
-        # as on an engine that never ran the stopped one (tests/test_liveness.py).
+        # command's answer), the sequencer goes to IDLE (_Sequencer.seq_state) and the units
+        # that may be half way through something are reset (ResetInserter in _memories and
+        # _lane_datapath). The memories keep their contents; of what a command writes, only
+        # the weights outlive it (every phase sets up its pointers, accumulators and units
+        # before it uses them), so the next command runs as on an engine that never ran the
+        # stopped one (tests/test_liveness.py).
         m.submodules.stopper = stopper = CommandStop(s.bld)
         m.d.comb += [stopper.start.eq(s.fsm.ongoing("IDLE") & (s.start_train | s.start_infer)),
                      stopper.busy.eq(s.busy), stopper.abort.eq(s.regs.abort),
@@ -1262,7 +1262,12 @@ class _Sequencer:
     memories' ports, the units, the register bank's fields, the sequencer's registers, the
     lanes' datapath signals and the helpers below. EngineCore's phase methods
     (EngineCore._memories ... _collisions) set the attributes up and use them, in elaborate's
-    order."""
+    order.
+
+    A signal takes its name from the attribute it is assigned to (``s.K = Signal()`` is
+    ``K``). A tuple assignment names only its last signal, and only when it is assigned to a
+    plain local variable: to an attribute that name is passed as ``name=``, and memory ports
+    are made as locals first, so the netlist keeps the names it had."""
 
     def __init__(self, m, build):
         self.m = m
