@@ -231,7 +231,11 @@ class EnergyModel:
     def __init__(self, profile=None, build=spec.DEFAULT_BUILD):
         if profile is None:
             profile = profile_for(build)
-        self.profile = profile if isinstance(profile, dict) else load_profile(profile)
+        if isinstance(profile, dict):
+            check_profile(profile, repr(profile.get("name", "given")))
+            self.profile = profile
+        else:
+            self.profile = load_profile(profile)
         self.build = build
         if self.profile.get("kind", "asic") == "fpga":
             self.per_event = _fpga_per_event(self.profile, build)
