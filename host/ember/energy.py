@@ -45,6 +45,13 @@ def profile_for(build):
     return BOARD_PROFILES.get(build.name, DEFAULT_PROFILE)
 
 
+def build_for(profile_name, default=spec.DEFAULT_BUILD):
+    """The build a profile is costed at when no run's build says otherwise: its board's
+    (BOARD_PROFILES), else `default`."""
+    boards = [b for b, p in BOARD_PROFILES.items() if p == profile_name]
+    return spec.BUILDS[boards[0]] if boards else default
+
+
 def profiles_for(build, primary):
     """The profiles a run reports: its own (`primary`), the build's board profile and
     DEFAULT_PROFILE, each once, in that order."""
