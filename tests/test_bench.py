@@ -54,5 +54,7 @@ def test_profile_ratios_recost_the_same_counters_under_each_profile():
     assert r["ice40up5k"]["smd"]["energy_ratio"] == pytest.approx(0.5)
     assert r["ice40up5k"]["smd"]["rank"] == 1 and r["ice40up5k"]["baseline"]["rank"] == 3
     assert r["ice40up5k"]["baseline"]["link_share"] > 0.99
+    # without the link, the FPGA profile sees psg's saved MACs again (memory is not costed)
+    assert r["ice40up5k"]["psg"]["compute_ratio"] == pytest.approx(0.5)
     table = bench.profile_markdown(r)
     assert "| psg | 0.500 (1) | " in table or "| psg | 0.500 (2) | " in table

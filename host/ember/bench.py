@@ -22,7 +22,7 @@ README quotes) and accuracy_energy.png.
 results.json keys: configs.<name>.{test_accuracy_mean, test_accuracy_std, energy_pj_mean,
 energy_ratio, energy_to_accuracy_pj_mean, energy_to_accuracy_ratio, reached_target, seeds,
 sim_checked, skipped_macs_mean}; profiles.<profile>.<config>.{energy_pj_mean, energy_ratio,
-rank, link_share, clock_share} (BENCH_PROFILES, each costed at its board's build:
+rank, compute_ratio, link_share, clock_share} (BENCH_PROFILES, each costed at its board's build:
 energy.build_for); float32.{test_accuracy_mean, test_accuracy_std};
 engine.{lanes, cycles_per_train_sample, cycles_per_infer_sample, utilization,
 phase_cycles_per_sample, sim_cycles_per_s, golden_samples_per_s, sim_train_samples_per_s};
@@ -216,17 +216,21 @@ def profile_ratios(runs_by_config, profiles=BENCH_PROFILES):
     out = {}
     for name in profiles:
         m = energy.EnergyModel(name, energy.build_for(name))
-        means, shares = {}, {}
+        means, compute, shares = {}, {}, {}
         for config, runs in runs_by_config.items():
             grouped = [m.grouped(r["model"]["counters"]) for r in runs]
             totals = [sum(g.values()) for g in grouped]
             means[config] = float(np.mean(totals))
+            compute[config] = float(np.mean([t - g["link"] - g["clock"]
+                                             for g, t in zip(grouped, totals)]))
             shares[config] = {f"{g}_share": float(np.mean([x[g] / t if t else 0.0
                                                             for x, t in zip(grouped, totals)]))
                               for g in ("link", "clock")}
         order = sorted(means, key=means.get)
         out[m.name] = {c: {"energy_pj_mean": e, "energy_ratio": e / means["baseline"],
-                           "rank": order.index(c) + 1, **shares[c]}
+                           "rank": order.index(c) + 1,
+                           # arithmetic and memory alone (link and clock left out)
+                           "compute_ratio": compute[c] / compute["baseline"], **shares[c]}
                        for c, e in means.items()}
     return out
 
@@ -235,12 +239,15 @@ def profile_markdown(by_profile):
     """The method ratios under every profile side by side: energy / baseline (rank)."""
     names = list(by_profile)
     rows = ["| configuration | " + " | ".join(f"{n}: energy / baseline (rank)" for n in names)
-            + " | " + " | ".join(f"{n}: link share" for n in names[1:]) + " |",
-            "|---|" + "---|" * (2 * len(names) - 1)]
+            + " | " + " | ".join(f"{n}: link share | {n}: compute / baseline's"
+                                 for n in names[1:]) + " |",
+            "|---|" + "---|" * (3 * len(names) - 2)]
     for config in by_profile[names[0]]:
         cells = [f"{by_profile[n][config]['energy_ratio']:.3f} ({by_profile[n][config]['rank']})"
                  for n in names]
-        cells += [f"{100 * by_profile[n][config]['link_share']:.1f} %" for n in names[1:]]
+        for n in names[1:]:
+            cells += [f"{100 * by_profile[n][config]['link_share']:.1f} %",
+                      f"{by_profile[n][config]['compute_ratio']:.3f}"]
         rows.append(f"| {config} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
