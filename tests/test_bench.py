@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ember import bench
+from ember import bench, energy, spec
 
 
 @pytest.mark.rtl
@@ -20,6 +20,9 @@ def test_bench_quick_runs(tmp_path):
     assert e["cycles_per_train_sample"] > 0 and 0 < e["utilization"]["forward"] <= 1
     assert e["sim_cycles_per_s"]["verilator"] > 0 and e["sim_cycles_per_s"]["icarus"] > 0
     assert (tmp_path / "results.md").read_text().startswith("| configuration")
+    assert r["setup"]["profiles"] == list(bench.BENCH_PROFILES)
+    assert all(r["profiles"][p]["baseline"]["energy_ratio"] == 1.0 for p in bench.BENCH_PROFILES)
+    assert "ice40up5k: energy / baseline" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "accuracy_energy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -28,3 +31,30 @@ def test_energy_to_accuracy():
                {"test_accuracy": 0.95, "energy_pj": 3.0}]
     assert bench.energy_to_accuracy(history, 0.9) == 2.0
     assert bench.energy_to_accuracy(history, 0.96) is None
+
+
+def test_profile_ratios_recost_the_same_counters_under_each_profile():
+    # two configurations: "smd" drops half the batches (half the MACs and half the link
+    # bytes), "psg" skips half the MACs but moves every byte
+    dense = {"mac_forward": 1000, "weight_reads": 1000, "link_rx_bytes": 500}
+    half_work = dict(dense, mac_forward=500, weight_reads=500)
+    runs = {"baseline": [{"model": {"counters": dense}}],
+            "smd": [{"model": {"counters": {k: v // 2 for k, v in dense.items()}}}],
+            "psg": [{"model": {"counters": half_work}}]}
+    r = bench.profile_ratios(runs)
+    assert list(r) == list(bench.BENCH_PROFILES)
+    # horowitz45 charges no link: both halve the energy
+    assert r["horowitz45"]["smd"]["energy_ratio"] == pytest.approx(0.5)
+    assert r["horowitz45"]["psg"]["energy_ratio"] == pytest.approx(0.5)
+    # ice40up5k: the link dominates, so skipping work without skipping bytes saves little
+    m = energy.EnergyModel("ice40up5k", spec.BUILDS["icebreaker"])
+    assert r["ice40up5k"]["psg"]["energy_ratio"] == pytest.approx(
+        m.total(half_work) / m.total(dense))
+    assert r["ice40up5k"]["psg"]["energy_ratio"] > 0.99
+    assert r["ice40up5k"]["smd"]["energy_ratio"] == pytest.approx(0.5)
+    assert r["ice40up5k"]["smd"]["rank"] == 1 and r["ice40up5k"]["baseline"]["rank"] == 3
+    assert r["ice40up5k"]["baseline"]["link_share"] > 0.99
+    # without the link, the FPGA profile sees psg's saved MACs again (memory is not costed)
+    assert r["ice40up5k"]["psg"]["compute_ratio"] == pytest.approx(0.5)
+    table = bench.profile_markdown(r)
+    assert "| psg | 0.500 (1) | " in table or "| psg | 0.500 (2) | " in table

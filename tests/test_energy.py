@@ -1,6 +1,7 @@
 """The energy model reproduces its source's points and interpolates as documented."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -42,3 +43,146 @@ def test_custom_and_bad_profiles(tmp_path):
     path.write_text("{")
     with pytest.raises(ConfigError, match="not valid JSON"):
         energy.load_profile(str(path))
+
+
+# --- FPGA profiles (issue 16, item 4) ----------------------------------------------------------
+
+ICE = spec.BUILDS["icebreaker"]
+
+
+@pytest.mark.parametrize("name", ["horowitz45", "ice40up5k"])
+def test_bundled_profiles_load_with_a_source_for_every_figure(name):
+    p = energy.load_profile(name)
+    assert name in energy.bundled_profiles()
+    keys = energy.PROFILE_KEYS[p.get("kind", "asic")]
+    assert p["source"]
+    # every figure has its note (source or method) next to it
+    assert set(keys) - {"bram_width_bits", "spram_width_bits"} <= set(p["notes"])
+
+
+def test_fpga_profile_costs_per_operation_not_by_width_or_size():
+    m = energy.EnergyModel("ice40up5k", ICE)
+    p = m.profile
+    add_bit = p["logic_add_pj_per_bit"]
+    # a DSP multiply does not scale with a*b: the lanes' 16x8 and 16x16 MACs differ only in
+    # their accumulators' widths
+    assert m.per_event["mac_forward"] == pytest.approx(p["dsp_mult_pj"] + add_bit * ICE.lane_acc_bits())
+    assert m.per_event["mac_input_grad"] == pytest.approx(p["dsp_mult_pj"] + add_bit * ICE.dx_acc_bits())
+    assert m.per_event["loss_elements"] == pytest.approx(2 * p["dsp_mult_pj"] + 96 * add_bit)
+
+
+def test_memory_costs_per_access_of_the_block_width_spram_for_spram_weights():
+    p = energy.load_profile("ice40up5k")
+    p.update(bram_access_pj=3.0, spram_access_pj=5.0)
+    ice = energy.EnergyModel(p, ICE)                       # weights in SPRAM
+    ulx = energy.EnergyModel(p, spec.BUILDS["ulx3s"])       # weights in block RAM
+    assert ICE.weight_spram and not spec.BUILDS["ulx3s"].weight_spram
+    assert ice.per_event["weight_reads"] == 5.0
+    assert ulx.per_event["weight_reads"] == 3.0
+    assert ice.per_event["act_reads"] == 3.0                # 8 bits: one 16-bit access
+    assert ice.per_event["grad_reads"] == 6.0               # 32-bit dX entry: two accesses
+    # not by log2(size): the same access on every build
+    assert ice.per_event["grad_lane_reads"] == ulx.per_event["grad_lane_reads"] == 3.0
+
+
+def test_static_energy_is_cycles_times_static_power_over_the_build_clock():
+    p = energy.load_profile("ice40up5k")
+    p["clock_pj_per_cycle"] = 0.0                           # static power alone
+    cycles = 1_000_003
+    for build in (ICE, replace(ICE, clock_hz=12_000_000)):
+        m = energy.EnergyModel(p, build)
+        expected_pj = cycles * p["static_mw"] * 1e-3 / build.clock_hz * 1e12
+        assert m.total({"cycles": cycles}) == pytest.approx(expected_pj)
+        assert m.grouped({"cycles": cycles})["clock"] == pytest.approx(expected_pj)
+    # the clock is the build's own (spec.BUILDS, the PLL's target), not a number of the profile
+    assert energy.EnergyModel(p, ICE).per_event["cycles"] == pytest.approx(
+        p["static_mw"] * 1e9 / 24_000_000)
+    full = energy.load_profile("ice40up5k")
+    assert energy.EnergyModel(full, ICE).per_event["cycles"] == pytest.approx(
+        full["static_mw"] * 1e9 / ICE.clock_hz + full["clock_pj_per_cycle"])
+
+
+def test_link_byte_is_the_chip_and_bridge_power_over_a_byte_time_at_the_baud():
+    p = energy.load_profile("ice40up5k")
+    p["link_mw"] = 2.0
+    m = energy.EnergyModel(p, ICE)
+    chip_mw = p["static_mw"] + p["clock_pj_per_cycle"] * ICE.clock_hz * 1e-9
+    byte_s = 10 / spec.DEFAULT_BAUD
+    assert m.per_event["link_rx_bytes"] == pytest.approx((2.0 + chip_mw) * 1e-3 * byte_s * 1e12)
+    assert m.per_event["link_tx_bytes"] == m.per_event["link_rx_bytes"]
+
+
+def test_horowitz45_is_unchanged_and_the_default_off_the_boards():
+    assert energy.profile_for(spec.BUILDS["sim"]) == "horowitz45"
+    assert energy.profile_for(spec.BUILDS["tiny"]) == "horowitz45"
+    assert energy.profile_for(ICE) == "ice40up5k"
+    assert energy.EnergyModel(None).per_event == energy.EnergyModel("horowitz45").per_event
+    e = energy.EnergyModel("horowitz45").per_event
+    # the figures docs/energy.md quotes: 16x8 multiply + 48-bit add, no link or clock energy
+    assert e["mac_forward"] == pytest.approx(0.3933 + 0.1467, abs=1e-3)
+    assert e["link_rx_bytes"] == e["cycles"] == 0.0
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p.pop("static_mw"), "lacks 'static_mw'"),
+    (lambda p: p.pop("dsp_mult_pj"), "lacks 'dsp_mult_pj'"),
+    (lambda p: p.update(static_mw=-0.1), "'static_mw' is -0.1; it must be >= 0"),
+    (lambda p: p.update(link_mw="fast"), "'link_mw' is 'fast'; it must be a number"),
+    (lambda p: p.update(bram_width_bits=0), "'bram_width_bits' is 0; a block is at least 1"),
+    (lambda p: p.update(kind="gpu"), "'kind' is 'gpu'"),
+])
+def test_bad_fpga_profile_names_the_key(tmp_path, change, message):
+    p = energy.load_profile("ice40up5k")
+    change(p)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(p))
+    with pytest.raises(ConfigError, match=message):
+        energy.load_profile(str(path))
+
+
+def test_bad_asic_profile_names_the_nested_key():
+    p = energy.load_profile("horowitz45")
+    p["sram_read_64b_pj"]["8192"] = -10.0
+    with pytest.raises(ConfigError, match=r"'sram_read_64b_pj.8192' is -10.0; it must be >= 0"):
+        energy.EnergyModel(p)
+    del p["int_add_pj"]
+    with pytest.raises(ConfigError, match="lacks 'int_add_pj'"):
+        energy.check_profile(p, "p")
+
+
+def _run(build, digits, profile=None):
+    from ember.device import ModelDevice
+    from ember.policies import make_config
+    from ember.trainer import Trainer
+    cfg = make_config("baseline", epochs=1, batch_size=16, profile=profile)
+    return Trainer(ModelDevice(build), digits, cfg, progress=False).run()
+
+
+def test_a_board_build_run_reports_its_board_profile_and_horowitz45(digits):
+    r = _run(ICE, digits)
+    assert r["profile"] == r["settings"]["profile"] == "ice40up5k"
+    assert set(r["energy_by_profile"]) == {"ice40up5k", "horowitz45"}
+    for name, rep in r["energy_by_profile"].items():
+        m = energy.EnergyModel(name, ICE)
+        assert rep["energy_pj"] == pytest.approx(m.total(r["counters"]))
+        assert rep["energy_breakdown"] == pytest.approx(m.grouped(r["counters"]))
+    assert r["energy_pj"] == pytest.approx(r["energy_by_profile"]["ice40up5k"]["energy_pj"])
+    # the link moved the data: under the FPGA profile it is most of the energy, under the
+    # ASIC profile none of it
+    ice = r["energy_by_profile"]["ice40up5k"]["energy_breakdown"]
+    assert ice["link"] > 0.5 * r["energy_pj"]
+    assert r["energy_by_profile"]["horowitz45"]["energy_breakdown"]["link"] == 0.0
+    # saved compares compute and memory only: the dense step moves no bytes, runs no cycles
+    h = r["energy_by_profile"]["horowitz45"]
+    assert h["saved_pj"] == pytest.approx(h["dense_energy_pj"] - h["energy_pj"])
+    assert h["dense_energy_pj"] == pytest.approx(
+        _run(ICE, digits, "horowitz45")["dense_energy_pj"])
+
+
+def test_an_explicit_profile_wins_and_the_sim_build_stays_on_horowitz45(digits):
+    r = _run(ICE, digits, "horowitz45")
+    assert r["profile"] == "horowitz45"
+    assert list(r["energy_by_profile"]) == ["horowitz45", "ice40up5k"]
+    s = _run(spec.BUILDS["sim"], digits)
+    assert s["profile"] == "horowitz45" and list(s["energy_by_profile"]) == ["horowitz45"]
+    assert s["saved_pj"] == pytest.approx(s["dense_energy_pj"] - s["energy_pj"])

@@ -41,7 +41,7 @@ def implied(figures, clock_mhz, baud=spec.DEFAULT_BAUD):
     cycles = figures["cycles_per_train_sample"]
     link_bytes = figures["link_bytes_per_train_sample"]
     engine_rate = clock_mhz * 1e6 / cycles
-    link_rate = baud / 10 / link_bytes
+    link_rate = baud / spec.UART_FRAME_BITS / link_bytes
     return {
         "clock_mhz": clock_mhz,
         "cycles_per_train_sample": round(cycles, 1),

@@ -21,10 +21,17 @@ README quotes) and accuracy_energy.png.
 
 results.json keys: configs.<name>.{test_accuracy_mean, test_accuracy_std, energy_pj_mean,
 energy_ratio, energy_to_accuracy_pj_mean, energy_to_accuracy_ratio, reached_target, seeds,
-sim_checked, skipped_macs_mean}; float32.{test_accuracy_mean, test_accuracy_std};
+sim_checked, skipped_macs_mean}; profiles.<profile>.<config>.{energy_pj_mean, energy_ratio,
+rank, compute_ratio, link_share, clock_share} (BENCH_PROFILES, each costed at its board's build:
+energy.build_for); float32.{test_accuracy_mean, test_accuracy_std};
 engine.{lanes, cycles_per_train_sample, cycles_per_infer_sample, utilization,
 phase_cycles_per_sample, sim_cycles_per_s, golden_samples_per_s, sim_train_samples_per_s};
-setup.{epochs, seeds, sim_seeds, profile, network, batch_size}.
+setup.{epochs, seeds, sim_seeds, profile, profiles, network, batch_size}.
+
+The per-profile ratios are recomputed from the same runs' counters (no retraining): the model
+backend's, whose cycle counters are zero, so an FPGA profile charges its static and clock power
+over the link's byte times but not over the engine's busy cycles (docs/energy.md says how much
+that leaves out).
 """
 
 import argparse
@@ -35,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, golden, policies, spec
+from . import data, energy, golden, policies, spec
 from .device import ModelDevice, open_device
 from .reference import train_float
 from .trainer import Trainer
@@ -45,6 +52,8 @@ CONFIGS = {
     "zero": "zero", "e2train": "e2train", "ember-all": "all",
 }
 EXACT = set(spec.EXACT_COUNTERS) | {"skip_smd"}
+#: The profiles whose ratios the bench shows side by side (the first is the runs' own).
+BENCH_PROFILES = ("horowitz45", "ice40up5k")
 
 
 def _exact(c):
@@ -200,6 +209,49 @@ def summarize(runs_by_config, float_accs):
                  "test_accuracy_std": float(np.std(float_accs))}, target
 
 
+def profile_ratios(runs_by_config, profiles=BENCH_PROFILES):
+    """Each configuration's mean training energy under each profile, from the model runs'
+    counters, as a ratio to the baseline's; its rank (1 = least energy) and the shares of
+    link and clock energy in it. A profile is costed at its board's build (energy.build_for)."""
+    out = {}
+    for name in profiles:
+        m = energy.EnergyModel(name, energy.build_for(name))
+        means, compute, shares = {}, {}, {}
+        for config, runs in runs_by_config.items():
+            grouped = [m.grouped(r["model"]["counters"]) for r in runs]
+            totals = [sum(g.values()) for g in grouped]
+            means[config] = float(np.mean(totals))
+            compute[config] = float(np.mean([t - g["link"] - g["clock"]
+                                             for g, t in zip(grouped, totals)]))
+            shares[config] = {f"{g}_share": float(np.mean([x[g] / t if t else 0.0
+                                                            for x, t in zip(grouped, totals)]))
+                              for g in ("link", "clock")}
+        order = sorted(means, key=means.get)
+        out[m.name] = {c: {"energy_pj_mean": e, "energy_ratio": e / means["baseline"],
+                           "rank": order.index(c) + 1,
+                           # arithmetic and memory alone (link and clock left out)
+                           "compute_ratio": compute[c] / compute["baseline"], **shares[c]}
+                       for c, e in means.items()}
+    return out
+
+
+def profile_markdown(by_profile):
+    """The method ratios under every profile side by side: energy / baseline (rank)."""
+    names = list(by_profile)
+    rows = ["| configuration | " + " | ".join(f"{n}: energy / baseline (rank)" for n in names)
+            + " | " + " | ".join(f"{n}: link share | {n}: compute / baseline's"
+                                 for n in names[1:]) + " |",
+            "|---|" + "---|" * (3 * len(names) - 2)]
+    for config in by_profile[names[0]]:
+        cells = [f"{by_profile[n][config]['energy_ratio']:.3f} ({by_profile[n][config]['rank']})"
+                 for n in names]
+        for n in names[1:]:
+            cells += [f"{100 * by_profile[n][config]['link_share']:.1f} %",
+                      f"{by_profile[n][config]['compute_ratio']:.3f}"]
+        rows.append(f"| {config} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def markdown(configs, float_ref, target):
     rows = ["| configuration | test accuracy | energy (uJ) | energy / baseline | "
             f"energy to {100 * target:.1f} % / baseline's | sim-checked seeds |",
@@ -264,6 +316,7 @@ def main(argv=None):
     float_accs = [train_float(policies.make_config("baseline", seed=s, epochs=epochs), ds)
                   ["test_accuracy"] for s in seeds]
     configs, float_ref, target = summarize(runs, float_accs)
+    by_profile = profile_ratios(runs)
     log("engine figures: dense baseline on the simulated board, simulator speeds, golden model")
     engine = dense_engine_figures(ds, batches=1 if args.quick else 3)
     engine["lanes"] = spec.DEFAULT_BUILD.lanes
@@ -275,15 +328,20 @@ def main(argv=None):
         engine["all_sim_runs"] = engine_figures(sim_runs, spec.DEFAULT_BUILD.lanes)
     results = {"setup": {"epochs": epochs, "seeds": len(seeds),
                          "sim_seeds": 1 if args.quick else args.sim_seeds,
-                         "profile": "horowitz45", "network": "64-32-10", "batch_size": 32},
-               "configs": configs, "float32": float_ref, "engine": engine,
+                         "profile": "horowitz45", "profiles": list(by_profile),
+                         "network": "64-32-10", "batch_size": 32},
+               "configs": configs, "profiles": by_profile, "float32": float_ref,
+               "engine": engine,
                "target_accuracy": target}
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
     table = markdown(configs, float_ref, target)
-    (out / "results.md").write_text(table + "\n")
+    ptable = profile_markdown(by_profile)
+    (out / "results.md").write_text(table + "\n\nEnergy / baseline under each profile "
+                                    "(same counters):\n\n" + ptable + "\n")
     plot(configs, out / "accuracy_energy.png")
     u = engine["utilization"]
     log(table)
+    log("\nenergy / baseline under each profile (same counters, no retraining):\n" + ptable)
     log(f"\nengine (P={engine['lanes']}, dense 64-32-10, batch 32): "
         f"{engine['cycles_per_train_sample']:.0f} cycles per training sample, "
         f"{engine['cycles_per_infer_sample']:.0f} per inference sample; MAC utilization "

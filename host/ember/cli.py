@@ -112,7 +112,8 @@ def build_parser():
     t.add_argument("--ssprop-warmup", type=int)
     t.add_argument("--ssprop-variant", choices=SSPROP_VARIANTS)
     _bool_flag(t, "zero-skip", "skip MAC cycles whose broadcast operand is zero")
-    t.add_argument("--profile", help="energy profile name or JSON path (default horowitz45)")
+    t.add_argument("--profile", help="energy profile name or JSON path (default: the build's "
+                   "board profile, ice40up5k on the iCEBreaker, else horowitz45)")
     t.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     t.add_argument("--checkpoint", metavar="PATH",
                    help="after every epoch, write what a resume needs to PATH (JSON, replaced "
@@ -184,7 +185,12 @@ def summary(result, reference=None):
                  f"{result['profile']})")
     lines.append(f"  dense baseline  {result['dense_energy_pj'] / 1e6:10.3f} uJ  "
                  f"-> saved {100 * result['saved_fraction']:.1f} %")
-    lines.append("  energy by component (uJ):")
+    others = {k: r for k, r in result.get("energy_by_profile", {}).items()
+              if k != result["profile"]}
+    for name, r in others.items():
+        lines.append(f"  under {name:<16s} {r['energy_pj'] / 1e6:10.3f} uJ  -> saved "
+                     f"{100 * r['saved_fraction']:.1f} % (compute and memory)")
+    lines.append(f"  energy by component (uJ, profile {result['profile']}):")
     total = result["energy_pj"] or 1.0
     for k, v in result["energy_breakdown"].items():
         if v:
@@ -220,6 +226,9 @@ def resume_config(checkpoint, preset, overrides):
             # no preset sets the scaling: not given means the checkpoint's (for a version 1
             # checkpoint, the one-range scaling it was trained with)
             asked = dataclasses.replace(asked, scaling=saved.scaling)
+        if "profile" not in given:
+            # likewise the profile: not given means the one the run resolved (its build's)
+            asked = dataclasses.replace(asked, profile=saved.profile)
     else:
         asked = dataclasses.replace(saved, **{k: tuple(v) if isinstance(v, list) else v
                                               for k, v in given.items()}).check()

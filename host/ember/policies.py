@@ -36,7 +36,7 @@ class TrainConfig:
     seed: int = 0
     dataset: str = "digits"
     scaling: str = "minmax"
-    profile: str = "horowitz45"
+    profile: str | None = None                # None: the build's (energy.profile_for)
     # baseline SGD
     lr_shift: int = 12
     lr_milestones: tuple = (0.5, 0.75)       # +1 to lr_shift at each fraction of the epochs

@@ -479,6 +479,8 @@ LABEL_BITS = 16
 LINK_COMMANDS = {"read": 0x01, "write": 0x02}
 #: Default UART rate of the boards (a build parameter).
 DEFAULT_BAUD = 115200
+#: Bits on the line per byte (8N1: a start bit, 8 data bits, a stop bit).
+UART_FRAME_BITS = 10
 
 
 # --- Engine address map (bus word addresses) -----------------------------------------------------

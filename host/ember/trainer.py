@@ -54,7 +54,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -83,6 +83,18 @@ def dense_counters(layers, build, batch):
     # the dense baseline writes every weight it updates (no write enable on unchanged ones)
     m.counters["weight_writes"] = sum(k * n for k, n in zip(layers[:-1], layers[1:]))
     return m.counters
+
+
+def dense_run_counters(layers, build, samples, batch_size, epochs):
+    """The dense baseline's counters over a whole run: every batch of every epoch (the
+    trainer's batches: `samples` in steps of `batch_size`, the last one short)."""
+    total = {}
+    sizes = [min(batch_size, samples - i) for i in range(0, samples, batch_size)]
+    for b in set(sizes):
+        c = dense_counters(layers, build, b)
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v * sizes.count(b) * epochs
+    return total
 
 
 def check_fit(cfg, ds, build):
@@ -245,13 +257,15 @@ class Trainer:
 
     def __init__(self, device, ds, cfg, progress=True, checkpoint=None, resume=None,
                  notes=None):
-        cfg = cfg.for_data(ds)
-        self.device, self.ds, self.cfg = device, ds, cfg
-        self.progress = progress
-        self.checkpoint, self.resume, self.notes = checkpoint, resume, dict(notes or {})
         info = device.identify()
         self.build = build_of(info)
         self.build_name = info["build"]
+        cfg = cfg.for_data(ds)
+        if cfg.profile is None:         # the build's own: its board's, else horowitz45
+            cfg = replace(cfg, profile=energy.profile_for(self.build))
+        self.device, self.ds, self.cfg = device, ds, cfg
+        self.progress = progress
+        self.checkpoint, self.resume, self.notes = checkpoint, resume, dict(notes or {})
         # every width, memory and unit any batch of the run may use, before anything is trained
         self.layers = check_fit(cfg, ds, self.build)
         self.final = None           # (state, weights) once run() has finished
@@ -421,6 +435,13 @@ class Trainer:
         self.final = (s, weights)
         train_counters, dense_energy, history = s.train_counters, s.dense_energy, s.history
         spent = self.energy.total(train_counters)
+        dense_run = dense_run_counters(self.layers, self.build, n, cfg.batch_size, cfg.epochs)
+        models = [self.energy] + [energy.EnergyModel(name, self.build) for name in
+                                  energy.profiles_for(self.build, cfg.profile)[1:]]
+        by_profile = {m.name: energy.report(m, train_counters, dense_run) for m in models}
+        # link and clock energy are in the run's counters only (energy.report)
+        uncounted = sum(self.energy.grouped(train_counters)[g]
+                        for g in energy.UNCOUNTED_IN_DENSE)
         last = history[-1]
         return {
             "backend": self.device.backend,
@@ -436,8 +457,9 @@ class Trainer:
             "energy_pj": spent,
             "energy_breakdown": self.energy.grouped(train_counters),
             "dense_energy_pj": dense_energy,
-            "saved_pj": dense_energy - spent,
-            "saved_fraction": 1.0 - spent / dense_energy if dense_energy else 0.0,
+            "saved_pj": dense_energy - (spent - uncounted),
+            "saved_fraction": 1.0 - (spent - uncounted) / dense_energy if dense_energy else 0.0,
+            "energy_by_profile": by_profile,
             "skipped": {r: train_counters[f"skip_{r}"] for r in spec.SKIP_REASONS},
             "macs": {k: train_counters[k] for k in ("mac_forward", "mac_input_grad",
                                                    "mac_weight_grad", "mac_weight_grad_low")},
