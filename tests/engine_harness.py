@@ -4,7 +4,7 @@ a device's link counters with the model's."""
 
 from amaranth.sim import Simulator
 
-from ember import regmap, spec
+from ember import regmap, spec, virtual
 from ember.golden import GoldenModel
 
 
@@ -138,6 +138,18 @@ def run_testbench(dut, body, vcd=None):
             sim.run()
     else:
         sim.run()
+
+
+def model_access(model, addr, data=None):
+    """The model's answer to a bus access, as the unit tests compare it: ("ok", word or None)
+    or (status name, None)."""
+    try:
+        if data is None:
+            return "ok", model.read(addr)
+        model.write(addr, data)
+        return "ok", None
+    except virtual.BusError as e:
+        return e.status, None
 
 
 def golden_for(build, layers, weights):

@@ -15,11 +15,11 @@ import pytest
 from amaranth import Module, Signal, unsigned
 from amaranth.hdl import UnusedElaboratable
 from amaranth.lib.memory import Memory
-from amaranth.sim import Simulator
 
 from ember import spec
-from ember.virtual import BusError, VirtualEngine
+from ember.virtual import VirtualEngine
 from ember_hw.memwindow import MemoryWindow
+from engine_harness import model_access, run_testbench
 
 SMALL = spec.Build(name="small", lanes=4, weight_words=256, act_bytes=510, grad_words=64,
                    scratch_entries=128, max_batch=8, max_layers=3, max_width=32)
@@ -97,23 +97,6 @@ class WindowDriver:
                 return answer, cycles
             await ctx.tick()
         raise TimeoutError(f"no answer at {addr:#x}")
-
-
-def model_access(model, addr, data=None):
-    try:
-        if data is None:
-            return "ok", model.read(addr)
-        model.write(addr, data)
-        return "ok", None
-    except BusError as e:
-        return e.status, None
-
-
-def run(m, body):
-    sim = Simulator(m)
-    sim.add_clock(1e-8)
-    sim.add_testbench(body)
-    sim.run()
 
 
 def configured_model(build, batch, inputs, classes):
@@ -210,7 +193,7 @@ def test_window_answers_and_writes_like_the_model(build):
             if data is not None and addr >> spec.REGION_BITS == REGION["acts"]
             and (addr & 0xFFFFF) < (build.act_bytes + 3) // 4)
 
-    run(h.m, bench)
+    run_testbench(h.m, bench)
     assert not mismatches, mismatches[:6]
     assert not late, late[:6]
     statuses = {model_access(VirtualEngine(build), a, d)[0] for a, d in accesses}
@@ -250,7 +233,7 @@ def test_busy_answers_busy_and_writes_nothing():
             ctx.set(win.sel, 0)
             await ctx.tick()
 
-    run(h.m, bench)
+    run_testbench(h.m, bench)
     assert not wrong, wrong[:6]
 
 
@@ -282,7 +265,7 @@ def test_activation_write_waits_for_the_limit():
         assert written == [(4, 0x11), (5, 0x22)]
         assert [ctx.get(h.amem.data[i]) for i in range(4, 8)] == [0x11, 0x22, 0, 0]
 
-    run(h.m, bench)
+    run_testbench(h.m, bench)
 
 
 def test_ports_are_as_wide_as_the_engines_memories():

@@ -9,11 +9,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
 
 from ember import regmap, spec
-from ember.virtual import BusError, VirtualEngine
+from ember.virtual import VirtualEngine
 from ember_hw.regbank import RegisterBank
+from engine_harness import model_access, run_testbench
 
 SMALL = spec.Build(name="small", lanes=4, weight_words=256, act_bytes=512, grad_words=64,
                    scratch_entries=128, max_batch=8, max_layers=3, max_width=32)
@@ -45,23 +45,6 @@ class BankDriver:
                 return answer, cycles
             await ctx.tick()
         raise TimeoutError(f"no answer at {addr:#x}")
-
-
-def model_access(model, addr, data=None):
-    try:
-        if data is None:
-            return "ok", model.read(addr)
-        model.write(addr, data)
-        return "ok", None
-    except BusError as e:
-        return e.status, None
-
-
-def run(dut, body):
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(body)
-    sim.run()
 
 
 async def configure(drv, build, layers, batch, label_words=None):
@@ -129,7 +112,7 @@ def test_bank_answers_like_the_model(build):
             if got[0] != model_access(model, addr, 1)[0]:
                 mismatches.append(("ro write", hex(addr), got))
 
-    run(dut, bench)
+    run_testbench(dut, bench)
     assert not mismatches, mismatches[:6]
     assert len(writes) > 50 and len(reads) > 60
 
@@ -141,7 +124,7 @@ def test_widths_follow_the_build():
     async def one_cycle(ctx):               # elaborated: the ports below are a real bank's
         await ctx.tick()
 
-    run(dut, one_cycle)
+    run_testbench(dut, one_cycle)
     table = SMALL.settings()
     assert len(dut.settings.batch) == (SMALL.max_batch).bit_length() == table["batch"].bits
     assert len(dut.settings.update_mask) == SMALL.max_layers
@@ -178,7 +161,7 @@ def test_out_of_range_writes_are_refused_not_truncated():
                 log.append((s.name, value, got, want, before, after,
                             model_access(model, addr)))
 
-    run(dut, bench)
+    run_testbench(dut, bench)
     for name, value, got, want, before, after, model_after in log:
         legal = SMALL.settings().get(name, SMALL.descriptor_fields().get(name)).contains(value)
         assert got == want == ("ok" if legal else "bad_value"), (name, value, got, want)
@@ -201,7 +184,7 @@ def test_left_out_units_have_constant_settings():
             seen[name] = ((await drv.access(regmap.reg(name)))[0][1],
                           ctx.get(getattr(dut.settings, name)))
 
-    run(dut, bench)
+    run_testbench(dut, bench)
     assert seen == {"psg_tau": (0, 0), "psg_step_shift": (0, 0),
                     "keep_q8": (spec.KEEP_ONE, spec.KEEP_ONE), "lfsr_seed": (1, 1),
                     "lr_shift": (7, 7)}
@@ -303,7 +286,7 @@ def test_control_busy_and_descriptor_loads():
         ctx.set(dut.busy, 0)
         log["aborts"] = aborts
 
-    run(dut, bench)
+    run_testbench(dut, bench)
     assert log["limit_inputs"] == 1 and log["limit_other"] == 0
     assert log["inputs0"] == 23
     assert log["desc_data"] == 0x1FF
@@ -350,7 +333,7 @@ def test_counter_window_reads_through_the_counter_port():
         log["lo"] = await read(ctx, regmap.counter("cycles"))
         log["hi"] = await read(ctx, regmap.counter("cycles") + 1)
 
-    run(dut, bench)
+    run_testbench(dut, bench)
     i = spec.COUNTERS.index("cycles")
     assert log["lo"] == ([(1, i, 0)] * 3, (1, value & 0xFFFFFFFF))
     assert log["hi"] == ([(1, i, 0)] * 3, (1, value >> 32))
@@ -389,6 +372,6 @@ def test_a_build_without_the_abort_unit_answers_a_command_when_it_ends():
         log["abort"] = (await drv.access(regmap.reg("control"), spec.CONTROL_ABORT))[0]
         log["abort_strobe"] = ctx.get(dut.abort)
 
-    run(dut, bench)
+    run_testbench(dut, bench)
     assert log["answered"] == 6 and log["defer"] == 0     # the first cycle with busy low
     assert log["abort"] == ("ok", 0) and log["abort_strobe"] == 0

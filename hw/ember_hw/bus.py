@@ -42,3 +42,19 @@ class BusSignature(wiring.Signature):
             "cmd_done": In(1),
             "cmd_status": In(8),
         })
+
+
+def answer_ok(slave, data=None):
+    """Statements that answer the access on `slave`'s answer signals (`ack`, `data`: a
+    register bank or memory window) `ok`, with `data` for a read."""
+    stmts = [slave.ack.eq(1)]
+    if data is not None:
+        stmts.append(slave.data.eq(data))
+    return stmts
+
+
+def answer_error(slave, status):
+    """Statements that answer the access on `slave` with the error `status`
+    (a spec.LINK_STATUS name) on its `err` and `data`."""
+    return [slave.err.eq(1), slave.data.eq(spec.LINK_STATUS[status])]
+

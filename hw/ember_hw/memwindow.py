@@ -71,6 +71,8 @@ from amaranth.utils import ceil_log2
 
 from ember import spec
 
+from .bus import answer_error, answer_ok
+
 
 class MemoryWindow(wiring.Component):
     """The bus slave of the engine's memory regions (module docstring)."""
@@ -123,7 +125,6 @@ class MemoryWindow(wiring.Component):
         offset = self.addr[:spec.REGION_BITS]
         regions = {name: base >> spec.REGION_BITS for name, (base, _) in spec.ADDRESS_MAP.items()
                    if base >> spec.REGION_BITS}
-        code = spec.LINK_STATUS
         wr = self.write
         bus_phase = Signal(2)               # sub-steps of multi-cycle accesses
         bus_rdata = Signal(spec.LABEL_BITS)     # a read's first label or prediction
@@ -131,13 +132,10 @@ class MemoryWindow(wiring.Component):
         byte_step = Signal(2)               # the byte (acts) or label (bit 0) being written
 
         def ack(data=None):
-            stmts = [self.ack.eq(1)]
-            if data is not None:
-                stmts.append(self.data.eq(data))
-            return stmts
+            return answer_ok(self, data)
 
         def err(name):
-            return [self.err.eq(1), self.data.eq(code[name])]
+            return answer_error(self, name)
 
         with m.If(self.sel):
             with m.Switch(region):

@@ -68,6 +68,7 @@ from amaranth.lib.wiring import In, Out
 
 from ember import spec
 
+from .bus import answer_error, answer_ok
 from .stepcheck import CountCheck, StepCheck
 
 #: Word offset bits of the register file inside the "regs" region (and of the counters window,
@@ -149,16 +150,12 @@ class RegisterBank(wiring.Component):
         reg_off = self.addr[:REG_OFFSET_BITS]
         window = self.addr[REG_OFFSET_BITS:]
         write = self.write
-        code = spec.LINK_STATUS
 
         def ack(data=None):
-            stmts = [self.ack.eq(1)]
-            if data is not None:
-                stmts.append(self.data.eq(data))
-            return stmts
+            return answer_ok(self, data)
 
         def err(name):
-            return [self.err.eq(1), self.data.eq(code[name])]
+            return answer_error(self, name)
 
         # the settings' registers (a left-out unit's setting is its init, constantly)
         regs = {}
