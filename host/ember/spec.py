@@ -473,6 +473,9 @@ LINK_STATUS = {
     "aborted": 0x08,
     "watchdog": 0x09,
 }
+#: Bits of a status code: a response's first byte, and the error word's low bits on the bus.
+LINK_STATUS_BITS = 8
+assert max(LINK_STATUS.values()) < 1 << LINK_STATUS_BITS
 #: Labels (in) and predictions (out) are 16-bit values, two per bus word.
 LABEL_BITS = 16
 #: Request commands.

@@ -7,8 +7,8 @@ ember.spec.ADDRESS_MAP). One transaction at a time:
 - the master drives ``addr`` and, for a write, ``w_data``, and raises ``w_stb`` or ``r_stb``;
   it holds them until the slave answers;
 - the slave answers in any later cycle with ``ack`` for one cycle (``r_data`` valid in that cycle
-  for a read) or with ``err`` for one cycle, ``r_data[0:8]`` then holding an error code
-  (ember.spec.LINK_STATUS: out of range, busy, bad value);
+  for a read) or with ``err`` for one cycle, the low ``spec.LINK_STATUS_BITS`` bits of
+  ``r_data`` then holding an error code (ember.spec.LINK_STATUS: out of range, busy, bad value);
 - the master drops its strobe in the cycle after the answer.
 
 Commands (docs/protocol.md section 10): a write that starts a train or infer command is
@@ -40,7 +40,7 @@ class BusSignature(wiring.Signature):
             "owing": Out(1),
             "defer": In(1),
             "cmd_done": In(1),
-            "cmd_status": In(8),
+            "cmd_status": In(spec.LINK_STATUS_BITS),
         })
 
 

@@ -20,9 +20,10 @@ receiver in front drops them and flags overrun; the host waits for each response
 A WRITE that starts a train or infer command (the engine acknowledges its word with ``defer``)
 is answered when the command ends, not at once: the bridge keeps the frame's seq (the word is
 CONTROL, the only register that defers), goes back to RECEIVE and answers other frames
-meanwhile (STATUS, an abort). When the engine reports the end (``cmd_done``), the owed answer goes out as soon as no frame
-is being received: ``ok``, or the error ``aborted``/``watchdog`` at CONTROL's address. A
-retransmission of the owed frame (a WRITE with its seq) is dropped: its answer is coming.
+meanwhile (STATUS, an abort). When the engine reports the end (``cmd_done``), the owed answer
+goes out as soon as no frame is being received: ``ok``, or the error ``aborted``/``watchdog``
+at CONTROL's address. A retransmission of the owed frame (a WRITE with its seq) is dropped: its
+answer is coming.
 """
 
 from amaranth import *
@@ -259,7 +260,8 @@ class LinkBridge(wiring.Component):
             with m.If(bus.err):
                 # addr stays on the failing word; words before it stay written (a command
                 # one of them started runs on, unanswered).
-                m.d.sync += [f.status.eq(bus.r_data[:8]), f.tail.eq(_TAIL_ADDR)]
+                m.d.sync += [f.status.eq(bus.r_data[:spec.LINK_STATUS_BITS]),
+                             f.tail.eq(_TAIL_ADDR)]
                 with m.If(f.deferred):
                     m.d.sync += f.owed.eq(0)
                 with m.If(f.is_write):
@@ -420,7 +422,7 @@ class _Frame:
         self.deferred = Signal(name="deferred")
 
         # Response state.
-        self.status = Signal(8, name="status")
+        self.status = Signal(spec.LINK_STATUS_BITS, name="status")
         self.tail = Signal(range(5), name="tail")
         self.response_field = Signal(range(_FIELD_DONE + 1), name="response_field")
         # The delay line's older byte is idle while responding: it holds the unescaped byte
