@@ -15,7 +15,8 @@ from ember import regmap, spec
 from ember.virtual import VirtualEngine
 from ember_hw.regbank import RegisterBank
 
-from test_regbank import SMALL, BankDriver, mark_labels, model_access, run
+from engine_harness import model_access, run_testbench
+from test_regbank import SMALL, BankDriver, mark_labels
 
 # the iCEBreaker's sizes with the command check (its own build leaves the unit out)
 ICEBREAKER = dataclasses.replace(spec.BUILDS["icebreaker"], name="icebreaker_checked",
@@ -111,7 +112,7 @@ def test_command_check_matches_the_golden_check(build):
             results.append((kind, got, want, rejected, ("ok", twin.rejected)))
 
     twin = VirtualEngine(build)
-    run(dut, bench)
+    run_testbench(dut, bench)
     for kind, got, want, rejected, twin_rejected in results:
         assert got == want, (kind, got, want, rejected, twin_rejected)
         assert rejected == twin_rejected, (kind, rejected, twin_rejected)
@@ -141,7 +142,7 @@ def test_check_cycles_for_the_digits_network(build, cycles):
         await configure(drv, build, [64, 32, 10], 16)
         seen["answer"] = await drv.access(regmap.reg("control"), spec.CONTROL_INFER)
 
-    run(dut, bench)
+    run_testbench(dut, bench)
     assert seen["answer"] == (("ok", 0), cycles)
 
 
@@ -164,5 +165,5 @@ def test_build_without_the_unit_checks_only_counts():
         seen.append((await drv.access(control, spec.CONTROL_INFER))[0][0])
         seen.append((await drv.access(regmap.reg("rejected")))[0])
 
-    run(dut, bench)
+    run_testbench(dut, bench)
     assert seen == ["bad_value", ("ok", 1), "ok", ("ok", 0)]

@@ -72,6 +72,8 @@ class EngineCore(wiring.Component):
       link_rx, link_tx: In(1) -- one pulse per link byte received / sent (counted).
       busy:    Out(1) -- a command is running.
 
+    Attribute ``states``: the sequencer's state names, once elaborated (a build without an
+    optional unit has none of its UNIT_STATES).
     Attribute ``wmem``: the weight memory (ember_hw.weights; SPRAM if build.weight_spram).
     Attribute ``read_collision``: a sticky flag for simulations, set by a cycle in which a
     command reads a memory word (a gradient memory lane) that the same cycle writes and uses
@@ -112,6 +114,7 @@ class EngineCore(wiring.Component):
             self._weight_grad(m, s)
             self._update_and_next(m, s)
         s.fsm = fsm
+        self.states = tuple(fsm.encoding)
         self._input_grad_pipeline(m, s)
         self._writeback_and_update(m, s)
         self._shifter_and_lanes(m, s)
@@ -1205,8 +1208,7 @@ class EngineCore(wiring.Component):
         }
         m.d.comb += s.count("cycles", s.busy)
         for name, states in phases.items():
-            states = [st for st in states if st in s.fsm.encoding]   # units left out
-            m.d.comb += s.count(name, sum(s.fsm.ongoing(st) for st in states) != 0)
+            m.d.comb += s.count(name, sum(s.fsm.ongoing(st) for st in s.present(*states)) != 0)
 
     def _stopping(self, m, s):
         """Stopping a command (ember_hw.stopper)."""
@@ -1240,7 +1242,7 @@ class EngineCore(wiring.Component):
         # memory. Idle, the bus reads only labels and predictions, never in the cycle it
         # writes one. The weight memory checks itself (wmem.conflict).
         def reading(*states):
-            return Cat(*(s.fsm.ongoing(st) for st in states if st in s.fsm.encoding)).any()
+            return Cat(*(s.fsm.ongoing(st) for st in s.present(*states))).any()
         g_used = Signal(s.P)        # the lanes whose gradient-memory reads are used
         with m.If(s.fsm.ongoing("LOSS_RUN")):
             m.d.comb += g_used.eq(Const(1, s.P) << s.loss.rd_addr[:s.LOGP])
@@ -1255,6 +1257,15 @@ class EngineCore(wiring.Component):
                        for rd, wr, states in readers]
         with m.If(Cat(*collisions).any()):
             m.d.sync += self.read_collision.eq(1)
+
+
+#: The sequencer states that exist only with an optional unit (spec.FEATURES): a build without
+#: the unit has none of them. Every other state name is in every build.
+UNIT_STATES = {
+    "psg": ("WG_LOW", "PSG_DECIDE", "PSG_MAX"),
+    "ssprop": ("SCORE_TOPK", "SELECT", "SELECT_WAIT", "PACK"),
+    "ssprop_random": ("SCORE_RANDOM",),
+}
 
 
 class _Sequencer:
@@ -1279,6 +1290,17 @@ class _Sequencer:
         self.WIDTH = bld.descriptor_fields()["inputs"].bits
         self.BATCH = bld.settings()["batch"].bits
         self.L = bld.max_layers
+
+    def present(self, *states):
+        """Those of `states` this build's sequencer has. A name that is neither one of its
+        states nor a state of a unit it leaves out (UNIT_STATES) raises ValueError, so that
+        a misspelled state is not silently dropped."""
+        absent = {st for unit, names in UNIT_STATES.items() if unit not in self.bld.features
+                  for st in names}
+        for st in states:
+            if st not in self.fsm.encoding and st not in absent:
+                raise ValueError(f"no sequencer state {st!r} in build '{self.bld.name}'")
+        return [st for st in states if st in self.fsm.encoding]
 
     def count(self, name, amount=1):
         """Counter `name` counts `amount` this cycle (a comb statement)."""
