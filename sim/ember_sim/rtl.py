@@ -341,6 +341,12 @@ def with_free_running_clock(text: str, toplevel: str, clock: str, period_ps: int
     the engine's size. A clock inside the design costs the simulator's own scheduling only
     (Verilator: build with TIMING_BUILD_ARGS). The bench still sees the clock as
     ``dut.<clock>`` and waits on its edges; it must not drive it.
+
+    `reset`, if given, names the design's synchronous reset port: the wrapper passes it on
+    through a register (high from time zero, the bench's value a cycle later), so that the
+    reset is no input of the design's logic. With ``build(..., public="ports")`` that keeps
+    Verilator from evaluating all the logic the reset feeds again at every evaluation (its
+    input-combinational phase; docs/architecture.md section 5).
     """
     if period_ps % 2:
         raise ValueError(f"clock period {period_ps} ps is odd: it needs two equal halves")
