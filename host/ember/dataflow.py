@@ -1,0 +1,572 @@
+"""Engine v2's dataflow: the MAC lanes over the samples of a batch, the weight broadcast
+(issue 13, items 2 and 3; docs/architecture.md, section 2b).
+
+Lane p of sample block s holds sample b = s * P + p. A forward step reads one weight W[j, k]
+and gives it to every lane; each lane multiplies it by its own sample's activation A[b, k].
+So a weight is read once per P samples (v1 read it once per sample), and every lane is busy
+whatever the layer's width (v1's lanes held P outputs of one sample: a 10-wide layer left
+22 of 32 lanes idle). The memories are laid out for it (P: lanes, S = ceil(B / P) sample
+blocks):
+
+- weights: one weight per word; layer l's W[j, k] at ``wbase_l + j * K + k``;
+- activations: words of P bytes, lane p of a word belonging to sample s * P + p; layer l's
+  input A[b, k] at word ``abase_l + s * K + k``;
+- gradients: words of P 16-bit lanes, the same way; the logits Z[b, j] at word ``s * N + j``;
+- predictions: one per sample, at b.
+
+A step of a command is a *program*: a list of phases (`Phase`), each a loop nest of LEVELS
+levels with three address generators (`GENERATORS`: w, a, o) and a kind that says what the
+datapath does at each step (`KINDS`). The host compiles the program (`infer_program`), writes
+it to the engine's program memory as words (`encode`), and the engine walks it
+(ember_hw.sample_engine). `execute` is the engine's golden twin: it walks the same nests,
+with the same actions, on the same memories, and counts the same events.
+"""
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from . import spec
+from .golden import (argmax_first, bit_length, keep_count, lfsr_sequence, requantize,
+                     round_shift, saturate, saturate_grad, select_channels, sgd_update,
+                     sign_update, softmax_grad)
+from .spec import StepSettings
+
+#: Loop levels of a phase's nest, level 0 outermost.
+LEVELS = 4
+#: Width of a loop bound (iterations of one level; 1 ..  2**BOUND_BITS - 1).
+BOUND_BITS = 16
+#: The address generators of a phase. What each addresses depends on the kind (w: a weight
+#: or, for argmax, the class; a: an activation word or, for requant and argmax, the dX scratch
+#: entry or logits word; g: a gradient word read; o: the word, entry or sample written).
+GENERATORS = ("w", "a", "g", "o")
+#: Phase kinds and their codes in the program memory (0 ends the program).
+KINDS = {"end": 0, "forward": 1, "logits": 2, "argmax": 3, "loss": 4, "select": 5,
+         "input_grad": 6, "requant": 7, "weight_grad": 8, "psg_max": 9}
+#: The kinds of a layer's backward pass and whether each runs for the layer: "w" when its
+#: weights are updated (the SLU mask), "x" when the input gradient is needed (a layer below is).
+BACKWARD_KINDS = {"select": "wx", "input_grad": "x", "requant": "x", "weight_grad": "w",
+                  "psg_max": "w"}
+#: Header fields, (word, offset, width): the kind, the live lanes of the last sample block,
+#: the forward shift, the layer, and the layer's inputs K and outputs N.
+HEADER_FIELDS = {"kind": (0, 0, 4), "tail": (0, 4, 8), "shift": (0, 12, 6),
+                 "layer": (0, 18, 4), "outputs": (1, 0, 16), "inputs": (1, 16, 16)}
+HEADER_WORDS = 2
+#: Program memory words per phase: the header, the bounds two to a word, and for each
+#: generator its base and one delta per level.
+PHASE_WORDS = HEADER_WORDS + LEVELS // 2 + len(GENERATORS) * (1 + LEVELS)
+#: Program words the engine holds (v2 builds).
+PROGRAM_WORDS = 512
+WORD_MASK = (1 << spec.BUS_DATA_BITS) - 1
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a program: a loop nest and what each step does.
+
+    kind:    a KINDS name.
+    bounds:  LEVELS iteration counts, outermost first (unused outer levels: 1). In the
+             backward kinds the channel level's bound is the kept count, set at run time.
+    strides: generator name -> LEVELS address steps, one per level's index.
+    bases:   generator name -> the address at index (0, ..., 0).
+    shift:   forward, logits: the layer's requantization shift.
+    tail:    the live lanes of the last sample block (the batch's remainder; P when the batch
+             fills it).
+    layer:   the layer (backward kinds: which SLU mask bit decides whether it runs).
+    inputs, outputs: the layer's K and N.
+    """
+    kind: str
+    bounds: tuple
+    strides: dict
+    bases: dict
+    shift: int = 0
+    tail: int = 0
+    layer: int = 0
+    inputs: int = 0
+    outputs: int = 0
+
+    def deltas(self, bounds=None):
+        """What each generator adds when level i advances and the levels inside it wrap:
+        ``stride_i - sum over j > i of (n_j - 1) * stride_j``."""
+        bounds = self.bounds if bounds is None else bounds
+        return {g: tuple(st[i] - sum((bounds[j] - 1) * st[j] for j in range(i + 1, LEVELS))
+                         for i in range(LEVELS))
+                for g, st in self.strides.items()}
+
+    def with_bound(self, level, bound):
+        return replace(self, bounds=self.bounds[:level] + (bound,) + self.bounds[level + 1:])
+
+    def steps(self):
+        return int(np.prod(self.bounds))
+
+    def walk(self):
+        """The steps in loop order, innermost fastest: (indices, addresses, first, last),
+        the addresses formed by adding deltas, as the engine does."""
+        deltas = self.deltas()
+        idx = [0] * LEVELS
+        addr = dict(self.bases)
+        for _ in range(self.steps()):
+            first = tuple(i == 0 for i in idx)
+            last = tuple(i == n - 1 for i, n in zip(idx, self.bounds))
+            yield tuple(idx), dict(addr), first, last
+            moving = next((lv for lv in range(LEVELS - 1, -1, -1) if not last[lv]), None)
+            if moving is None:
+                return
+            for lv in range(moving + 1, LEVELS):
+                idx[lv] = 0
+            idx[moving] += 1
+            for g in addr:
+                addr[g] += deltas[g][moving]
+
+
+def nest(loops, gens):
+    """Bounds and strides from named loops: `loops` is [(name, bound), ...] outermost first
+    (at most LEVELS), `gens` {generator: (base, {loop name: stride})}. Returns (bounds,
+    strides, bases), padded with bound-1 levels on the outside."""
+    if len(loops) > LEVELS:
+        raise spec.ConfigError(f"a nest of {len(loops)} loops; the engine has {LEVELS} levels")
+    names = [None] * (LEVELS - len(loops)) + [n for n, _ in loops]
+    bounds = tuple([1] * (LEVELS - len(loops)) + [b for _, b in loops])
+    strides = {g: tuple(st.get(n, 0) if n else 0 for n in names) for g, (_, st) in gens.items()}
+    bases = {g: base for g, (base, _) in gens.items()}
+    for g in GENERATORS:
+        strides.setdefault(g, (0,) * LEVELS)
+        bases.setdefault(g, 0)
+    return bounds, strides, bases
+
+
+def sample_blocks(build, batch):
+    return -(-batch // build.lanes)
+
+
+def layout(layers, build, batch):
+    """Memory bases of a network for a batch: weight bases (words), activation bases
+    (words) of each layer's input, and the two halves of the gradient memory (words)."""
+    S = sample_blocks(build, batch)
+    wbase, abase = [0], [0]
+    for k, n in zip(layers[:-1], layers[1:]):
+        wbase.append(wbase[-1] + n * k)
+        abase.append(abase[-1] + S * k)
+    return wbase[:-1], abase[:len(layers) - 1], (0, build.grad_words // 2)
+
+
+def _per_sample(kind, build, batch, loops, gens, **fields):
+    """Phases whose innermost levels walk the samples one by one (loss, argmax, requant):
+    one phase over the full sample blocks and one over the batch's remainder. `loops`
+    follow the sample block and lane levels; `gens` strides may use "s" and "p"."""
+    P, S = build.lanes, sample_blocks(build, batch)
+    tail = batch - (S - 1) * P
+    full = S if tail == P else S - 1
+    out = []
+    for first_s, blocks, lanes in ((0, full, P), (full, S - full, tail)):
+        if blocks == 0:
+            continue
+        shifted = {g: (base + first_s * st.get("s", 0), st) for g, (base, st) in gens.items()}
+        out.append(Phase(kind, *nest([("s", blocks), ("p", lanes)] + loops, shifted),
+                         tail=lanes, **fields))
+    return out
+
+
+def _forward_phases(layers, build, batch, shifts):
+    P, S = build.lanes, sample_blocks(build, batch)
+    tail = batch - (S - 1) * P
+    wbase, abase, (g_top, _) = layout(layers, build, batch)
+    phases = []
+    for l, (k, n) in enumerate(zip(layers[:-1], layers[1:])):
+        last = l == len(layers) - 2
+        out = g_top if last else abase[l + 1]
+        phases.append(Phase("logits" if last else "forward",
+                            *nest([("s", S), ("j", n), ("k", k)],
+                                  {"w": (wbase[l], {"j": k, "k": 1}),
+                                   "a": (abase[l], {"s": k, "k": 1}),
+                                   "o": (out, {"s": n, "j": 1})}),
+                            shift=shifts[l], tail=tail, layer=l, inputs=k, outputs=n))
+    return phases
+
+
+def infer_program(layers, build, batch, shifts):
+    """The phases of an infer command: a forward phase per layer (the last one writing
+    logits), then the argmax of each sample's logits into the predictions."""
+    n = layers[-1]
+    return _forward_phases(layers, build, batch, shifts) + _per_sample(
+        "argmax", build, batch, [("n", n)],
+        {"w": (0, {"n": 1}), "a": (0, {"s": n, "n": 1}), "o": (0, {"s": build.lanes, "p": 1})},
+        outputs=n)
+
+
+def train_program(layers, build, batch, shifts, psg_relative=False):
+    """The phases of a train command: forward, the loss of every sample, then each layer's
+    backward pass from the top: ssProp's channel selection (the kept list; every channel
+    when dense), the input gradient into the dX scratch and its requantization into dY of
+    the layer below, and the weight gradient with the update (PSG's relative threshold
+    first finds the layer's largest prediction: psg_max). Which backward phases run is
+    decided at run time from the SLU mask (BACKWARD_KINDS); the channel level's bound is
+    the kept count."""
+    P, S = build.lanes, sample_blocks(build, batch)
+    tail = batch - (S - 1) * P
+    wbase, abase, halves = layout(layers, build, batch)
+    L = len(layers) - 1
+    phases = _forward_phases(layers, build, batch, shifts)
+    n = layers[-1]
+    phases += _per_sample("loss", build, batch, [],
+                          {"a": (halves[0], {"s": n}), "o": (0, {"s": P, "p": 1})},
+                          outputs=n, layer=L - 1)
+    for l in range(L - 1, -1, -1):
+        k, n = layers[l], layers[l + 1]
+        g_cur, g_below = halves[(L - 1 - l) % 2], halves[(L - l) % 2]
+        fields = dict(layer=l, inputs=k, outputs=n)
+        phases.append(Phase("select", *nest([("j", n), ("s", S)],
+                                            {"g": (g_cur, {"j": 1, "s": n})}),
+                            tail=tail, **fields))
+        if l > 0:
+            phases.append(Phase("input_grad",
+                                *nest([("s", S), ("k", k), ("c", n)],
+                                      {"w": (wbase[l], {"k": 1}),
+                                       "a": (abase[l], {"s": k, "k": 1}),
+                                       "g": (g_cur, {"s": n}),
+                                       "o": (0, {"s": k * P, "k": P})}),
+                                tail=tail, **fields))
+            phases += _per_sample("requant", build, batch, [("k", k)],
+                                  {"a": (0, {"s": k * P, "p": 1, "k": P}),
+                                   "o": (g_below, {"s": k, "k": 1})}, **fields)
+        grad_nest = nest([("c", n), ("k", k), ("s", S)],
+                         {"w": (wbase[l], {"k": 1}),
+                          "a": (abase[l], {"s": k, "k": 1}),
+                          "g": (g_cur, {"s": n})})
+        if psg_relative:
+            phases.append(Phase("psg_max", *grad_nest, tail=tail, **fields))
+        phases.append(Phase("weight_grad", *grad_nest, tail=tail, **fields))
+    return phases
+
+
+#: The level whose bound is the kept count, per backward kind (the channel c).
+KEPT_LEVEL = {"input_grad": LEVELS - 1, "weight_grad": 1, "psg_max": 1}
+
+
+def encode(phases, build):
+    """The program memory's words of `phases`, ended by an "end" header."""
+    words = []
+    for ph in phases:
+        head = [0] * HEADER_WORDS
+        for name, (w, off, width) in HEADER_FIELDS.items():
+            value = KINDS[ph.kind] if name == "kind" else getattr(ph, name)
+            if not 0 <= value < 1 << width:
+                raise spec.ConfigError(f"phase field {name} {value} is outside 0.."
+                                       f"{(1 << width) - 1}")
+            head[w] |= value << off
+        words += head
+        for i in range(0, LEVELS, 2):
+            words.append(ph.bounds[i] | ph.bounds[i + 1] << BOUND_BITS)
+        deltas = ph.deltas()
+        for g in GENERATORS:
+            words.append(ph.bases[g] & WORD_MASK)
+            words.extend(d & WORD_MASK for d in deltas[g])
+    words += [KINDS["end"]] * HEADER_WORDS
+    if len(words) > PROGRAM_WORDS:
+        raise spec.ConfigError(f"the program has {len(words)} words; the engine holds "
+                               f"{PROGRAM_WORDS}")
+    return words
+
+
+class Memories:
+    """The v2 engine's memories as arrays (sample-banked, module docstring), and the state a
+    command carries from phase to phase (the kept channels, the dX scale, ...)."""
+
+    def __init__(self, build):
+        P = build.lanes
+        self.P, self.build = P, build
+        self.weights = np.zeros(build.weight_words * P, dtype=np.int64)
+        self.acts = np.zeros((build.act_bytes // P, P), dtype=np.int64)
+        self.grads = np.zeros((build.grad_words, P), dtype=np.int64)
+        self.scratch = np.zeros(build.scratch_entries, dtype=np.int64)
+        self.labels = np.zeros(build.max_batch, dtype=np.int64)
+        self.preds = np.zeros(build.max_batch, dtype=np.int64)
+
+    def load_network(self, layers, weights, batch):
+        wbase, _, _ = layout(layers, self.build, batch)
+        for base, w in zip(wbase, weights):
+            self.weights[base:base + w.size] = np.asarray(w, dtype=np.int64).ravel()
+
+    def read_weights(self, layers, batch):
+        wbase, _, _ = layout(layers, self.build, batch)
+        return [self.weights[b:b + n * k].reshape(n, k).astype(np.int16)
+                for b, k, n in zip(wbase, layers[:-1], layers[1:])]
+
+    def load_inputs(self, x, y=None):
+        """The input batch (B, K) into layer 0's activation words; the labels."""
+        B, K = x.shape
+        for b in range(B):
+            s, p = divmod(b, self.P)
+            self.acts[s * K:(s + 1) * K, p] = x[b]
+        if y is not None:
+            self.labels[:B] = y
+
+
+class _Run:
+    """One command's walk over its phases: the executor's state between phases."""
+
+    def __init__(self, mem, settings, n_layers, counts):
+        self.mem, self.st, self.c = mem, settings, counts
+        self.mask = settings.mask(n_layers)
+        self.lfsr = settings.lfsr_seed
+        self.correction = 0
+        self.correct = 0
+        self.kept = None                # the kept channels of the current layer, ascending
+        self.dx_max = 0
+        self.dx_shift = 0
+        self.psg_tau = settings.psg_tau
+        self.pending = 0                # the correction of the layer above, not yet applied
+
+    def runs(self, ph):
+        """Whether a backward phase runs for its layer (the SLU mask)."""
+        l = ph.layer
+        need = BACKWARD_KINDS[ph.kind]
+        wgrad = self.mask[l]
+        igrad = l > 0 and any(self.mask[:l])
+        return ("w" in need and wgrad) or ("x" in need and igrad)
+
+    def layer_skips(self, ph):
+        """skip_slu and skip_ssprop of a layer, counted once at its select phase."""
+        c, l = self.c, ph.layer
+        n, k = ph.outputs, ph.inputs
+        batch = self.batch
+        wgrad, igrad = self.mask[l], l > 0 and any(self.mask[:l])
+        full = batch * n * k
+        c["skip_slu"] += full * (not wgrad) + full * (l > 0 and not igrad)
+        if wgrad or igrad:
+            keep = keep_count(n, self.st.keep_q8)
+            c["skip_ssprop"] += batch * (n - keep) * k * (int(wgrad) + int(igrad))
+
+
+def _live(ph, last, P):
+    """The live lanes of a step: all, or the tail in the last sample block (level 1 for the
+    forward and input-gradient nests, level 3 for the weight-gradient nests)."""
+    return np.arange(P) < (ph.tail if last else P)
+
+
+def execute(phases, mem, counts=None, zero_skip=True, settings=None):
+    """Run `phases` on `mem` as the v2 engine does; add the events to `counts` (a dict of
+    spec.COUNTERS) and return (counts, correct: the samples the loss phase classified
+    right). `settings` (spec.StepSettings) are the step's registers; inference uses
+    zero_skip alone."""
+    c = counts if counts is not None else dict.fromkeys(spec.COUNTERS, 0)
+    if settings is None:
+        settings = StepSettings(zero_skip=zero_skip)
+    n_layers = max(ph.layer for ph in phases) + 1
+    run = _Run(mem, settings, n_layers, c)
+    run.batch = sum(ph.bounds[-2] * ph.bounds[-1] for ph in phases if ph.kind == "loss") or None
+    for ph in phases:
+        if ph.kind in BACKWARD_KINDS:
+            if ph.kind == "select":
+                run.layer_skips(ph)
+                run.correction += run.pending
+                run.pending = 0
+            if not run.runs(ph):
+                continue
+        _KIND[ph.kind](run, ph)
+    if any(ph.kind == "loss" for ph in phases):
+        c["batches"] += 1
+        c["samples"] += run.batch
+    return c, run.correct
+
+
+def _forward(run, ph):
+    mem, c, P = run.mem, run.c, run.mem.P
+    acc = np.zeros(P, dtype=np.int64)
+    zs = run.st.zero_skip
+    for idx, addr, first, last in ph.walk():
+        live = _live(ph, last[1], P)
+        lanes = int(live.sum())
+        a = mem.acts[addr["a"]]
+        on = live & ((a != 0) if zs else True)
+        if first[3]:
+            acc[:] = 0
+        acc += np.where(on, mem.weights[addr["w"]] * a, 0)
+        c["mac_forward"] += int(on.sum())
+        c["skip_zero"] += int((live & ~on).sum())
+        c["weight_reads"] += int(on.any())
+        c["act_reads"] += lanes
+        if last[3]:
+            y = requantize(acc, ph.shift, relu=ph.kind == "forward")
+            if ph.kind == "forward":
+                mem.acts[addr["o"], :lanes] = y[:lanes]
+                c["act_writes"] += lanes
+            else:
+                mem.grads[addr["o"], :lanes] = y[:lanes]
+                c["grad_writes"] += lanes
+
+
+def _argmax(run, ph):
+    # the first maximum of each sample's logits; w is the class, o the sample
+    mem, c, P = run.mem, run.c, run.mem.P
+    best = best_n = 0
+    for idx, addr, first, last in ph.walk():
+        logit = mem.grads[addr["a"], addr["o"] % P]
+        c["grad_reads"] += 1
+        if first[3] or logit > best:
+            best, best_n = logit, addr["w"]
+        if last[3]:
+            mem.preds[addr["o"]] = best_n
+            c["infer_samples"] += 1
+
+
+def _loss(run, ph):
+    # one sample per step: its N logits (words a .. a + N - 1, lane o % P) to dY in place
+    mem, c, P, n = run.mem, run.c, run.mem.P, ph.outputs
+    for idx, addr, first, last in ph.walk():
+        lane, rows = addr["o"] % P, slice(addr["a"], addr["a"] + n)
+        z = mem.grads[rows, lane].copy()
+        label = mem.labels[addr["o"]]
+        mem.grads[rows, lane] = softmax_grad(z[None, :], [label])[0]
+        run.correct += int(argmax_first(z[None, :])[0] == label)
+        c["loss_elements"] += n
+        c["grad_reads"] += 3 * n
+        c["grad_writes"] += n
+
+
+def _select(run, ph):
+    # ssProp: the kept channels (ascending); every channel when dense
+    mem, c, P, n = run.mem, run.c, run.mem.P, ph.outputs
+    keep = keep_count(n, run.st.keep_q8)
+    if keep == n:
+        run.kept = list(range(n))
+        return
+    if run.st.ssprop_random:
+        scores, run.lfsr = lfsr_sequence(run.lfsr, n)
+    else:
+        scores = np.zeros(n, dtype=np.int64)
+        for idx, addr, first, last in ph.walk():
+            live = _live(ph, last[3], P)
+            scores[idx[2]] += int(np.abs(mem.grads[addr["g"]][live]).sum())
+            c["grad_reads"] += int(live.sum())
+    run.kept = [int(j) for j in np.flatnonzero(select_channels(scores, keep))]
+
+
+def _kept_walk(run, ph):
+    """The phase's steps over the kept channels: (indices, addresses, first, last, j), the
+    kept channel's j added to g and j * K to w."""
+    level = KEPT_LEVEL[ph.kind]
+    kept = run.kept
+    for idx, addr, first, last in ph.with_bound(level, len(kept)).walk():
+        j = kept[idx[level]]
+        addr["w"] += j * ph.inputs
+        addr["g"] += j
+        yield idx, addr, first, last, j
+
+
+def _input_grad(run, ph):
+    mem, c, P = run.mem, run.c, run.mem.P
+    zs = run.st.zero_skip
+    acc = np.zeros(P, dtype=np.int64)
+    run.dx_max = 0
+    for idx, addr, first, last, j in _kept_walk(run, ph):
+        live = _live(ph, last[1], P)
+        relu = mem.acts[addr["a"]] > 0
+        on = live & (relu if zs else True)
+        if first[3]:
+            acc[:] = 0
+            c["act_reads"] += int(live.sum())
+        acc += np.where(on, mem.weights[addr["w"]] * mem.grads[addr["g"]], 0)
+        c["mac_input_grad"] += int(on.sum())
+        c["skip_zero"] += int((live & ~on).sum())
+        c["weight_reads"] += int(on.any())
+        c["grad_lane_reads"] += int(on.sum())
+        if last[3]:
+            dx = np.where(relu, saturate(acc, spec.DX_BITS), 0)
+            lanes = int(live.sum())
+            mem.scratch[addr["o"]:addr["o"] + lanes] = dx[:lanes]
+            run.dx_max = max(run.dx_max, int(np.abs(dx[:lanes]).max()))
+            c["grad_writes"] += lanes
+    run.dx_shift = max(0, bit_length(run.dx_max) - (spec.GRAD_BITS - 1))
+
+
+def _requant(run, ph):
+    mem, c, P = run.mem, run.c, run.mem.P
+    for idx, addr, first, last in ph.walk():
+        dx = mem.scratch[addr["a"]]
+        mem.grads[addr["o"], addr["a"] % P] = saturate_grad(round_shift(dx, run.dx_shift))
+        c["grad_reads"] += 1
+        c["grad_writes"] += 1
+    # the layers below update with this layer's dX scale in their shift (from the next
+    # layer's select phase on: this layer's own update does not)
+    run.pending = spec.WEIGHT_FRAC_BITS - run.dx_shift
+
+
+def _msb_products(run, addr, on):
+    mem = run.mem
+    dy = mem.grads[addr["g"]]
+    hi_dy = np.sign(dy) * (np.abs(dy) >> (spec.GRAD_BITS - spec.PSG_GRAD_MSBS))
+    hi_a = mem.acts[addr["a"]] >> (spec.ACT_BITS - spec.PSG_ACT_MSBS)
+    return int(np.where(on, hi_dy * hi_a, 0).sum())
+
+
+def _psg_max(run, ph):
+    # PSG's relative threshold: the layer's largest |prediction| over the kept channels
+    c, P, zs = run.c, run.mem.P, run.st.zero_skip
+    pred = largest = 0
+    for idx, addr, first, last, j in _kept_walk(run, ph):
+        live = _live(ph, last[3], P)
+        on = live & ((run.mem.acts[addr["a"]] != 0) if zs else True)
+        pred = (0 if first[3] else pred) + _msb_products(run, addr, on)
+        c["mac_weight_grad_low"] += int(on.sum())
+        c["act_msb_reads"] += int(live.sum())
+        c["grad_msb_lane_reads"] += int(on.sum())
+        if last[3]:
+            largest = max(largest, abs(pred))
+    run.psg_tau = largest >> run.st.psg_tau
+
+
+def _weight_grad(run, ph):
+    """The weight gradient of (j, k) summed over the batch's lanes and blocks, then the
+    update of W[j, k]: SGD, or PSG's sign step (the prediction's sign where it is confident;
+    otherwise a full-precision pass over the samples first)."""
+    mem, c, P, st = run.mem, run.c, run.mem.P, run.st
+    zs = st.zero_skip
+    shift = min(max(st.lr_shift + run.correction, 0), spec.UPDATE_SHIFT_MAX)
+    tau = run.psg_tau if st.psg_relative else st.psg_tau
+    steps = []
+    for idx, addr, first, last, j in _kept_walk(run, ph):
+        live = _live(ph, last[3], P)
+        a = mem.acts[addr["a"]]
+        on = live & ((a != 0) if zs else True)
+        c["skip_zero"] += int((live & ~on).sum())
+        steps.append((addr, live, on))
+        if not last[3]:
+            continue
+        w = int(mem.weights[addr["w"]])
+        if st.psg:
+            pred = 0
+            for sa, sl, so in steps:
+                pred += _msb_products(run, sa, so)
+                c["mac_weight_grad_low"] += int(so.sum())
+                c["act_msb_reads"] += int(sl.sum())
+                c["grad_msb_lane_reads"] += int(so.sum())
+            if abs(pred) > tau:
+                sign = int(np.sign(pred))
+                c["skip_psg"] += sum(int(so.sum()) for _, _, so in steps)
+            else:
+                sign = int(np.sign(_full_pass(run, steps)))
+            new = int(sign_update(w, sign, st.psg_step_shift))
+        else:
+            new = int(sgd_update(w, _full_pass(run, steps), shift))
+        c["weight_reads"] += 1
+        if new != w:
+            mem.weights[addr["w"]] = new
+            c["weight_writes"] += 1
+        steps = []
+
+
+def _full_pass(run, steps):
+    mem, c = run.mem, run.c
+    g = 0
+    for addr, live, on in steps:
+        g += int(np.where(on, mem.grads[addr["g"]] * mem.acts[addr["a"]], 0).sum())
+        c["mac_weight_grad"] += int(on.sum())
+        c["act_reads"] += int(live.sum())
+        c["grad_lane_reads"] += int(on.sum())
+    return g
+
+
+_KIND = {"forward": _forward, "logits": _forward, "argmax": _argmax, "loss": _loss,
+         "select": _select, "input_grad": _input_grad, "requant": _requant,
+         "weight_grad": _weight_grad, "psg_max": _psg_max}

@@ -1,0 +1,123 @@
+"""The v2 dataflow's programs and their golden executor (ember.dataflow) against the golden
+model: the same predictions and the same MAC counts on random networks and batches, and the
+nests' address arithmetic."""
+
+import numpy as np
+import pytest
+
+from ember import dataflow, golden, spec
+
+BUILD = spec.BUILDS["sim"]
+
+
+def random_case(rng, build=BUILD, max_width=40, max_batch=30):
+    layers = [int(rng.integers(1, max_width)) for _ in range(int(rng.integers(2, 5)))]
+    batch = int(rng.integers(1, max_batch))
+    weights = [rng.integers(-4000, 4000, (n, k)).astype(np.int16)
+               for k, n in zip(layers[:-1], layers[1:])]
+    shifts = [spec.HIDDEN_SHIFT] * (len(layers) - 2) + [spec.OUTPUT_SHIFT]
+    x = rng.integers(0, 256, (batch, layers[0]))
+    x[rng.random(x.shape) < 0.3] = 0
+    return layers, batch, weights, shifts, x
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_infer_program_predicts_as_the_golden_model(seed):
+    rng = np.random.default_rng(seed)
+    layers, batch, weights, shifts, x = random_case(rng)
+    g = golden.GoldenModel(BUILD)
+    g.configure(layers, shifts)
+    g.load_weights(weights)
+    mem = dataflow.Memories(BUILD)
+    mem.load_network(layers, weights, batch)
+    mem.load_inputs(x)
+    counts, _ = dataflow.execute(dataflow.infer_program(layers, BUILD, batch, shifts), mem)
+    assert (mem.preds[:batch] == g.infer(x)).all()
+    # the MACs and the zero skips are the golden model's; the reads are the dataflow's
+    for name in ("mac_forward", "skip_zero", "infer_samples"):
+        assert counts[name] == g.counters[name], name
+    P, S = BUILD.lanes, dataflow.sample_blocks(BUILD, batch)
+    acts = [x]
+    a = x
+    for w, s in zip(weights, shifts):
+        a = golden.requantize(a @ w.T.astype(np.int64), s, relu=True)
+        acts.append(a)
+    expect_reads = 0
+    for w, a in zip(weights, acts):
+        n = w.shape[0]
+        padded = np.zeros((S * P, a.shape[1]), dtype=bool)
+        padded[:batch] = a != 0
+        expect_reads += n * int(padded.reshape(S, P, -1).any(axis=1).sum())
+    assert counts["weight_reads"] == expect_reads
+    assert counts["act_reads"] == sum(w.size for w in weights) * batch
+
+
+#: The counters the dataflow changes: v2 reads a weight once per sample block and an
+#: activation word per step (v1: a weight per MAC, an activation per block of outputs). The
+#: input batch's act_writes are the memory window's (the bus), not the core's.
+DATAFLOW_COUNTERS = ("weight_reads", "act_reads", "act_msb_reads", "act_writes")
+
+
+def random_settings(rng, n_layers):
+    return spec.StepSettings(
+        update_mask=(tuple(bool(v) for v in rng.integers(0, 2, n_layers))
+                     if rng.random() < 0.5 else None),
+        zero_skip=bool(rng.integers(0, 2)), psg=bool(rng.integers(0, 2)),
+        psg_relative=bool(rng.integers(0, 2)), psg_tau=int(rng.integers(0, 5)),
+        keep_q8=int(rng.choice([256, 200, 128, 64])), ssprop_random=bool(rng.integers(0, 2)),
+        lfsr_seed=int(rng.integers(1, 1 << 16)), lr_shift=int(rng.integers(4, 14)))
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_train_program_steps_as_the_golden_model(seed):
+    """A training step's program (SLU mask, zero skipping, PSG absolute and relative, ssProp
+    by |dY| and by LFSR, random lr_shift) leaves the golden model's weights bit for bit,
+    classifies the same samples right and counts the same events, apart from the reads the
+    dataflow changes."""
+    rng = np.random.default_rng(100 + seed)
+    layers, batch, weights, shifts, x = random_case(rng)
+    y = rng.integers(0, layers[-1], batch)
+    settings = random_settings(rng, len(layers) - 1)
+    g = golden.GoldenModel(BUILD)
+    g.configure(layers, shifts)
+    g.load_weights(weights)
+    correct = g.train_batch(x, y, settings)
+    mem = dataflow.Memories(BUILD)
+    mem.load_network(layers, weights, batch)
+    mem.load_inputs(x, y)
+    phases = dataflow.train_program(layers, BUILD, batch, shifts,
+                                    psg_relative=settings.psg and settings.psg_relative)
+    counts, got_correct = dataflow.execute(phases, mem, settings=settings)
+    assert got_correct == correct
+    for got, want in zip(mem.read_weights(layers, batch), g.weights):
+        assert (got == want).all()
+    for name in spec.EXACT_COUNTERS:
+        if name not in DATAFLOW_COUNTERS:
+            assert counts[name] == g.counters[name], name
+
+
+def test_walk_adds_deltas_to_reach_every_affine_address():
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        loops = [(f"l{i}", int(rng.integers(1, 5))) for i in range(int(rng.integers(1, 5)))]
+        gens = {g: (int(rng.integers(0, 50)), {n: int(rng.integers(-6, 7)) for n, _ in loops})
+                for g in dataflow.GENERATORS}
+        ph = dataflow.Phase("forward", *dataflow.nest(loops, gens))
+        steps = list(ph.walk())
+        assert len(steps) == ph.steps()
+        for idx, addr, first, last in steps:
+            for g in dataflow.GENERATORS:
+                assert addr[g] == ph.bases[g] + sum(i * s for i, s in zip(idx, ph.strides[g]))
+            assert first == tuple(i == 0 for i in idx)
+            assert last == tuple(i == n - 1 for i, n in zip(idx, ph.bounds))
+
+
+def test_a_nest_deeper_than_the_engine_is_refused():
+    with pytest.raises(spec.ConfigError, match="5 loops; the engine has 4 levels"):
+        dataflow.nest([(c, 2) for c in "abcde"], {})
+
+
+def test_a_program_longer_than_the_program_memory_is_refused():
+    ph = dataflow.infer_program([4, 3, 2], BUILD, 8, [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT])
+    with pytest.raises(spec.ConfigError, match=f"the engine holds {dataflow.PROGRAM_WORDS}"):
+        dataflow.encode(ph * 20, BUILD)
