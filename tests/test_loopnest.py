@@ -231,6 +231,26 @@ def test_leaving_a_memory_faults_at_the_first_such_step(gens, seed):
     assert faults_at[-2:] == [0, 4] and max(faults_at) > 0
 
 
+def test_address_past_its_width_faults_whatever_the_limit():
+    """A limit above 2**addr_bits (a caller's mistake) does not let an address wrap: the walk
+    faults where it reaches 2**addr_bits, as first_fault says for the depth 2**addr_bits."""
+    dut = LoopNest(TWO)
+    top = 1 << TWO["a"]
+    nest = Nest((1, 1, 3, 4), {"a": top - 9, "b": 0}, {"a": (0, 0, 4, 1), "b": (0, 0, 0, 1)})
+    limits = {"a": (1 << (TWO["a"] + 1)) - 1, "b": 4}
+    fault = nest.first_fault({"a": top, "b": 4})
+    assert fault == program.Fault(9, "a") and nest.first_fault(limits) is None
+    seen = []
+
+    async def bench(ctx):
+        seen.append(await walk(ctx, dut, nest, limits))
+
+    run_testbench(dut, bench)
+    taken, at, done_at, result = seen[0]
+    assert taken == expected(nest, fault.step)
+    assert result == dict(fault=1, fault_gen=0, fault_bound=0)
+
+
 def test_zero_bound_faults_and_fault_clears_on_start():
     """A bound of 0 (any level) faults before step 0: done and fault in cycle 2, fault_bound
     high, fault_gen 0; fault stays until the next start, and that walk runs normally."""

@@ -41,15 +41,21 @@ valid low, so no consumer ever sees an out-of-range address as valid.
 
 Structure ("design for timing": every output is a register): two stages. The presented stage
 (addr_*, first, last, valid) and the step after it, the *next* stage: its address
-(`next_addr_<g>`, 2 bits wider than the address so a step below 0 or past the memory is seen),
-flags and down-counters (level i counts n_i - 1 .. 0; its last flag is that counter's == 0,
-kept as a register), and the delta that leads from it to the step after (`next_delta_<g>`,
-selected by the next stage's last flags and registered). When the presented stage takes the
-next step, the next stage forms the one after: one adder per generator (next_addr +
-next_delta), the counters decrement or reload, and the range check of the next step is one
-comparator per generator on the registered next_addr. So the adder and the comparator each
-start and end at registers; the longest path is the delta select (the D-way multiplexer
-behind the levels' last flags). No multipliers.
+(`next_addr_<g>`, 2 bits wider than the address, so a step below 0 or past the memory is
+seen), its first and last flags, the levels' down-counters (level i counts n_i - 1 .. 0; its
+last flag is that counter's == 0, kept as a register) and `next_level`, the level that
+advances from it to the step after (the innermost whose last flag is low; registered). When
+the presented stage takes the next step (or fills, after start), the next stage forms the one
+after: per generator one adder, next_addr + the delta of next_level through a D-way
+multiplexer; the counters decrement or reload (one decrementer each); and the range check is
+one comparator per generator on the registered next_addr. So the longest paths are the delta
+multiplexer and adder (register to register), the comparator into the fault and valid
+registers, and the new last flags into next_level. No multipliers.
+
+The next stage's registers are reset-less: start loads each before it is read.
+
+Resources (synth_ice40, 3 generators of 15 bits, D = 4): 497 SB_LUT4, 156 SB_CARRY, 186
+flip-flops (the delta multiplexers are about 150 of the LUTs).
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed
@@ -117,20 +123,30 @@ class LoopNest(wiring.Component):
         """Level `level`'s slice of the bound port."""
         return self.bound.word_select(level, self.bound_bits)
 
+    def _select(self, name, level):
+        """Generator `name`'s delta of `level` (a signal): a multiplexer tree over the
+        levels, one select bit per stage."""
+        words = [self.delta(name, i) for i in range(self.levels)]
+        for bit in range(len(level)):
+            words = [Mux(level[bit], words[j + 1], words[j]) if j + 1 < len(words)
+                     else words[j] for j in range(0, len(words), 2)]
+        return words[0]
+
     def elaborate(self, platform):
         m = Module()
         D, gens = self.levels, list(self.generators)
         bound = [self.level_bound(i) for i in range(D)]
 
         # the next stage: the step after the presented one
-        count = [Signal(self.bound_bits, name=f"count{i}") for i in range(D)]
-        next_first = Signal(D)
-        next_last = Signal(D)
-        next_addr = {g: Signal(signed(a + NEXT_ADDR_EXTRA_BITS), name=f"next_addr_{g}")
+        count = [Signal(self.bound_bits, name=f"count{i}", reset_less=True) for i in range(D)]
+        next_first = Signal(D, reset_less=True)
+        next_last = Signal(D, reset_less=True)
+        next_addr = {g: Signal(signed(a + NEXT_ADDR_EXTRA_BITS), name=f"next_addr_{g}",
+                               reset_less=True)
                      for g, a in self.generators.items()}
-        next_delta = {g: Signal(signed(program.delta_bits(a)), name=f"next_delta_{g}")
-                      for g, a in self.generators.items()}
-        zero_bound = Signal()
+        # the level that advances from the next step to the one after
+        next_level = Signal(range(D), reset_less=True)
+        zero_bound = Signal(reset_less=True)
 
         load = Signal()     # an accepted start: the next stage takes step 0
         take = Signal()     # the consumer takes the presented step
@@ -172,18 +188,18 @@ class LoopNest(wiring.Component):
                                    Mux(advances, count[i] == 1, next_last[i]))),
             ]
 
+        # the level that advances from the new next step to the one after: the innermost
+        # whose index is not at its last
+        new_level = Signal(range(D))
+        for i in range(D):
+            with m.If(~new_last[i]):
+                m.d.comb += new_level.eq(i)
         with m.If(load | move):
-            m.d.sync += [next_first.eq(new_first), next_last.eq(new_last)]
+            m.d.sync += [next_first.eq(new_first), next_last.eq(new_last),
+                         next_level.eq(new_level)]
             for g in gens:
-                # the delta from the new next step to the one after: the innermost level
-                # whose index is not at its last advances
-                selected = self.delta(g, 0)
-                for i in range(1, D):
-                    selected = Mux(~new_last[i], self.delta(g, i), selected)
-                m.d.sync += [
-                    next_delta[g].eq(selected),
-                    next_addr[g].eq(Mux(load, self.base(g), next_addr[g] + next_delta[g])),
-                ]
+                m.d.sync += next_addr[g].eq(Mux(load, self.base(g),
+                                                next_addr[g] + self._select(g, next_level)))
 
         m.d.sync += self.done.eq(0)
         with m.If(load):
