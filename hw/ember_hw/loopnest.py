@@ -41,21 +41,22 @@ valid low, so no consumer ever sees an out-of-range address as valid.
 
 Structure ("design for timing": every output is a register): two stages. The presented stage
 (addr_*, first, last, valid) and the step after it, the *next* stage: its address
-(`next_addr_<g>`, 2 bits wider than the address, so a step below 0 or past the memory is
-seen), its first and last flags, the levels' down-counters (level i counts n_i - 1 .. 0; its
-last flag is that counter's == 0, kept as a register) and `next_level`, the level that
-advances from it to the step after (the innermost whose last flag is low; registered). When
-the presented stage takes the next step (or fills, after start), the next stage forms the one
-after: per generator one adder, next_addr + the delta of next_level through a D-way
-multiplexer; the counters decrement or reload (one decrementer each); and the range check is
-one comparator per generator on the registered next_addr. So the longest paths are the delta
-multiplexer and adder (register to register), the comparator into the fault and valid
-registers, and the new last flags into next_level. No multipliers.
+(`next_addr_<g>`) and whether that is inside its memory (`in_range_<g>`), its first and last
+flags, the levels' down-counters (level i counts n_i - 1 .. 0; its last flag is that
+counter's == 0, kept as a register) and `next_level`, the level that advances from it to the
+step after (the innermost whose last flag is low; registered). When the presented stage takes
+the next step (or fills, after start), the next stage forms the one after: per generator one
+adder, next_addr + the delta of next_level through a D-way multiplexer, formed 2 bits wider
+than the address so a step below 0 or past 2**addr_bits is seen, and one comparator on that
+sum into in_range; the counters decrement or reload (one decrementer each). So the range
+check is ready, in a register, when its step is taken, and the longest path is the delta
+multiplexer, the adder and the comparator, register to register. No multipliers.
 
 The next stage's registers are reset-less: start loads each before it is read.
 
-Resources (synth_ice40, 3 generators of 15 bits, D = 4): 497 SB_LUT4, 156 SB_CARRY, 186
-flip-flops (the delta multiplexers are about 150 of the LUTs).
+Resources (synth_ice40, 3 generators of 15 bits, D = 4): 492 SB_LUT4, 153 SB_CARRY, 183
+flip-flops (the three delta multiplexers are about 150 of the LUTs). Placed and routed alone
+on an iCE40UP5K (its configuration from registers): 36 to 37 MHz, that path critical.
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed
@@ -64,8 +65,8 @@ from amaranth.lib.wiring import In, Out
 
 from ember import program
 
-#: The next stage's address is this much wider than the address: the sum of an address in
-#: range (addr_bits) and a signed delta (addr_bits + 1) needs addr_bits + 2 signed bits.
+#: A next address as it is formed is this much wider than the address: the sum of an address
+#: in range (addr_bits) and a signed delta (addr_bits + 1) needs addr_bits + 2 signed bits.
 NEXT_ADDR_EXTRA_BITS = 2
 
 
@@ -141,9 +142,10 @@ class LoopNest(wiring.Component):
         count = [Signal(self.bound_bits, name=f"count{i}", reset_less=True) for i in range(D)]
         next_first = Signal(D, reset_less=True)
         next_last = Signal(D, reset_less=True)
-        next_addr = {g: Signal(signed(a + NEXT_ADDR_EXTRA_BITS), name=f"next_addr_{g}",
-                               reset_less=True)
+        next_addr = {g: Signal(a, name=f"next_addr_{g}", reset_less=True)
                      for g, a in self.generators.items()}
+        # whether next_addr is inside its memory: checked as it is formed
+        in_range = {g: Signal(name=f"in_range_{g}", reset_less=True) for g in gens}
         # the level that advances from the next step to the one after
         next_level = Signal(range(D), reset_less=True)
         zero_bound = Signal(reset_less=True)
@@ -159,12 +161,6 @@ class LoopNest(wiring.Component):
             move.eq(self.busy & (~self.valid | (take & ~final))),
         ]
 
-        # the next step's range check: one comparator per generator on a register
-        in_range = {}
-        for g, a in self.generators.items():
-            in_range[g] = Signal(name=f"in_range_{g}")
-            m.d.comb += in_range[g].eq((next_addr[g][a:] == 0)
-                                       & (next_addr[g][:a] < self.limit(g)))
         bad = Signal()
         m.d.comb += bad.eq(zero_bound | ~Cat(*in_range.values()).all())
         culprit = Signal.like(self.fault_gen)
@@ -197,9 +193,17 @@ class LoopNest(wiring.Component):
         with m.If(load | move):
             m.d.sync += [next_first.eq(new_first), next_last.eq(new_last),
                          next_level.eq(new_level)]
-            for g in gens:
-                m.d.sync += next_addr[g].eq(Mux(load, self.base(g),
-                                                next_addr[g] + self._select(g, next_level)))
+            for g, a in self.generators.items():
+                # one adder and one comparator: an address in range plus a signed delta is
+                # seen below 0 or past 2**a in its two extra bits. Start's base enters
+                # through the adder's operands (with delta 0), so no multiplexer sits
+                # between the adder and the comparator
+                new_addr = Signal(signed(a + NEXT_ADDR_EXTRA_BITS), name=f"new_addr_{g}")
+                m.d.comb += new_addr.eq(Mux(load, self.base(g), next_addr[g])
+                                        + Mux(load, 0, self._select(g, next_level)))
+                m.d.sync += [next_addr[g].eq(new_addr[:a]),
+                             in_range[g].eq((new_addr[a:] == 0)
+                                            & (new_addr[:a] < self.limit(g)))]
 
         m.d.sync += self.done.eq(0)
         with m.If(load):
@@ -223,8 +227,7 @@ class LoopNest(wiring.Component):
             with m.Else():
                 m.d.sync += [self.valid.eq(1), self.first.eq(next_first),
                              self.last.eq(next_last)]
-                m.d.sync += [self.addr(g).eq(next_addr[g][:a])
-                             for g, a in self.generators.items()]
+                m.d.sync += [self.addr(g).eq(next_addr[g]) for g in gens]
         with m.Elif(take & final):
             m.d.sync += [self.valid.eq(0), self.busy.eq(0), self.done.eq(1)]
         return m
