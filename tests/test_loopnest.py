@@ -22,8 +22,8 @@ TWO = {"a": 7, "b": 11}
 SLACK = 8
 
 
-def flags(value):
-    return tuple(bool(value >> i & 1) for i in range(LEVELS))
+def flags(value, levels=LEVELS):
+    return tuple(bool(value >> i & 1) for i in range(levels))
 
 
 def random_strides(rng, gens):
@@ -66,7 +66,7 @@ def faulty_nest(rng, gens):
 
 
 def configure(ctx, dut, nest, limits):
-    packed = nest.pack(dut.generators)
+    packed = nest.pack(dut.generators, dut.levels)
     ctx.set(dut.bound, packed.bound)
     for g in dut.generators:
         ctx.set(dut.base(g), packed.bases[g])
@@ -103,7 +103,8 @@ async def walk(ctx, dut, nest, limits, rng=None, stall=0.0, restart_at=None):
             for g, a in addrs.items():
                 assert a < limits[g], f"{g} presented {a}, limit {limits[g]}"
             if advance:
-                taken.append((addrs, flags(ctx.get(dut.first)), flags(ctx.get(dut.last))))
+                taken.append((addrs, flags(ctx.get(dut.first), dut.levels),
+                              flags(ctx.get(dut.last), dut.levels)))
                 at.append(cycle)
         await ctx.tick()
         if result is not None and cycle >= done_at[0] + 3:
@@ -294,6 +295,36 @@ def test_start_while_busy_is_ignored():
     run_testbench(dut, bench)
     for (nest, _), (taken, at, done_at, result) in zip(cases, seen):
         assert taken == expected(nest) and len(done_at) == 1 and result["fault"] == 0
+
+
+def test_five_levels_walk_a_3x3_convolution():
+    """LoopNest(levels=5) (the multiplexer tree over an odd number of levels) walks the input
+    and weight addresses of a 3x3 convolution without padding (docs/architecture.md 2a:
+    levels oy, ox, ky, kx, ic; C_in = 2, 6 x 5 input, stride 1) and a 3-level nest padded
+    to 5 by pack."""
+    C, H, W = 2, 6, 5
+    Ho, Wo = H - 2, W - 2
+    conv = Nest.of(loops=[("oy", Ho), ("ox", Wo), ("ky", 3), ("kx", 3), ("ic", C)],
+                   gens={"x": (0, {"oy": W * C, "ox": C, "ky": W * C, "kx": C, "ic": 1}),
+                         "w": (0, {"ky": 3 * C, "kx": C, "ic": 1})}, levels=5)
+    small = Nest((2, 3, 2), {"x": 1, "w": 2}, {"x": (6, 2, 1), "w": (0, 1, 3)})
+    gens = {"x": 6, "w": 5}
+    dut = LoopNest(gens, levels=5)
+    limits = {"x": H * W * C, "w": 9 * C}
+    rng = np.random.default_rng(3)
+    seen = []
+
+    async def bench(ctx):
+        for nest in (conv, small):
+            seen.append(await walk(ctx, dut, nest, limits, rng, stall=0.3))
+
+    run_testbench(dut, bench)
+    for nest, (taken, at, done_at, result) in zip((conv, small), seen):
+        pad = 5 - nest.levels
+        want = [(a, (True,) * pad + f, (True,) * pad + l) for a, f, l in expected(nest)]
+        assert taken == want and result["fault"] == 0
+    assert len(seen[0][0]) == Ho * Wo * 9 * C
+    assert max(a["x"] for a, _, _ in seen[0][0]) == H * W * C - 1
 
 
 def test_converts_to_verilog():

@@ -181,6 +181,10 @@ def test_pack_lays_out_the_ports():
     # levels 0 and 1 (stride 0) wrap j (2 x -4) and k (3 x 1); j wraps k
     assert d == (0 + 8 - 3, 0 + 8 - 3, -4 - 3, 1)
     assert packed.deltas["w"] == ((d[2] & 63) << 2 * w) | (d[3] << 3 * w)
+    # a nest of 2 levels packs as Nest.of's padding to LEVELS does
+    assert Nest((3, 4), {"w": 7}, {"w": (-4, 1)}).pack({"w": 5}) == packed
+    with pytest.raises(ConfigError, match=r"a nest of 4 levels; the sequencer has 3"):
+        nest.pack({"w": 5}, levels=3)
     with pytest.raises(ConfigError, match=r"generator 'w': level 3's delta 40 does not fit "
                                           r"6 signed bits"):
         Nest.of(loops=[("k", 2)], gens={"w": (0, {"k": 40})}).pack({"w": 5})

@@ -214,19 +214,24 @@ class Nest:
                     return Fault(t, g)
         return None
 
-    def pack(self, addr_bits):
-        """The nest as LoopNest's configuration ports take it (a Packed); addr_bits: dict
-        name -> the generator's address width. A level with bound 1 never advances, so its
-        delta is packed as 0. Raises ConfigError for more levels than LEVELS, a bound that
-        does not fit BOUND_BITS, a base that does not fit its address or a delta (of a level
-        that advances) that does not fit delta_bits."""
-        if self.levels > LEVELS:
-            raise ConfigError(f"a nest of {self.levels} levels; the sequencer has {LEVELS}")
+    def pack(self, addr_bits, levels=LEVELS):
+        """The nest as the configuration ports of a LoopNest of `levels` levels take it (a
+        Packed); addr_bits: dict name -> the generator's address width. A nest of fewer
+        levels is padded at the outer end with bound-1 levels; a level with bound 1 never
+        advances, so its delta is packed as 0. Raises ConfigError for more levels than
+        `levels`, a bound that does not fit BOUND_BITS, a base that does not fit its address
+        or a delta (of a level that advances) that does not fit delta_bits. A bound of 0 is
+        packed: the gateware refuses it (fault_bound)."""
+        if self.levels > levels:
+            raise ConfigError(f"a nest of {self.levels} levels; the sequencer has {levels}")
+        pad = levels - self.levels
         bound = 0
         for i, n in enumerate(self.bounds):
             if not 0 <= n <= MAX_BOUND:
                 raise ConfigError(f"level {i}'s bound {n} does not fit {BOUND_BITS} bits")
-            bound |= n << (i * BOUND_BITS)
+            bound |= n << ((pad + i) * BOUND_BITS)
+        for i in range(pad):
+            bound |= 1 << (i * BOUND_BITS)
         bases, deltas = {}, {}
         for g, d in self.deltas().items():
             a = addr_bits[g]
@@ -241,6 +246,6 @@ class Nest:
                 if not -(1 << (w - 1)) <= di < 1 << (w - 1):
                     raise ConfigError(f"generator '{g}': level {i}'s delta {di} does not fit "
                                       f"{w} signed bits")
-                word |= (di & ((1 << w) - 1)) << (i * w)
+                word |= (di & ((1 << w) - 1)) << ((pad + i) * w)
             bases[g], deltas[g] = self.bases[g], word
         return Packed(bound, bases, deltas)

@@ -33,8 +33,9 @@ still from `start` until `done`):
   fault_gen:   Out(range(len(generators))).
   fault_bound: Out(1).
 
-Timing: `start` in cycle c -> step 0 valid in c + 2 (c + 1 loads the range check's register
-stage, below); then a step per cycle while `advance` is high: valid & advance in cycle t ->
+Timing: `start` in cycle c -> step 0 valid in c + 2 (in c the next stage, below, takes step
+0 and its range check, which the presented stage needs registered; in c + 1 the presented
+stage takes it); then a step per cycle while `advance` is high: valid & advance in cycle t ->
 the next step is presented in t + 1, no bubbles. The final step taken in t -> done in t + 1,
 valid low. A faulting step s: the cycle it would be presented has done and fault high and
 valid low, so no consumer ever sees an out-of-range address as valid.
