@@ -172,7 +172,7 @@ def test_outputs_come_from_registers():
     nest, limits = random_nest(rng, TWO)
     outputs = ["valid", "first", "last", "busy", "done", "fault", "fault_gen",
                "fault_bound"] + [f"addr_{g}" for g in TWO]
-    changed = []
+    changed, valid = [], []
 
     async def bench(ctx):
         configure(ctx, dut, nest, limits)
@@ -187,12 +187,14 @@ def test_outputs_come_from_registers():
             ctx.set(dut.base("b"), 0)
             after = [ctx.get(getattr(dut, o)) for o in outputs]
             changed.append(before != after)
+            valid.append(before[0])
             configure(ctx, dut, nest, limits)
             ctx.set(dut.advance, int(rng.random() < 0.6))
             await ctx.tick()
 
     run_testbench(dut, bench)
     assert len(changed) > nest.steps() and not any(changed)
+    assert sum(valid) >= nest.steps() > 1     # the walk ran while the inputs toggled
 
 
 @pytest.mark.parametrize("gens,seed", [(THREE, 10), (TWO, 11)])

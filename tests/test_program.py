@@ -138,6 +138,7 @@ def test_check_refuses_bounds_and_levels():
     five = Nest((2,) * 5, {"w": 0}, {"w": (0,) * 5})
     with pytest.raises(ConfigError, match=rf"a nest of 5 levels; the sequencer has {LEVELS}"):
         five.check({"w": 10})
+    five.check({"w": 10}, levels=5)
     with pytest.raises(ConfigError, match=r"generator 'w' has 4 strides; the nest has 3"):
         Nest((2, 2, 2), {"w": 0}, {"w": (1, 1, 1, 1)})
 
@@ -147,7 +148,7 @@ def test_bound_bits_hold_the_largest_build_loop():
     from ember import spec
     build = spec.BUILDS["sim"]
     assert build.weight_words * build.lanes <= MAX_BOUND
-    assert build.max_batch * build.blocks(spec.MAX_WIDTH) <= MAX_BOUND
+    assert build.max_batch * build.blocks(build.max_width) <= MAX_BOUND
 
 
 def test_first_fault_is_the_first_step_out_of_range():

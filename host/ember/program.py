@@ -183,13 +183,13 @@ class Nest:
                 raise ConfigError(f"level {i}'s bound {n} is above {max_bound}, the largest "
                                   f"{BOUND_BITS}-bit count")
 
-    def check(self, limits):
-        """Raise ConfigError unless the gateware can run this nest as it is: at most LEVELS
-        levels, every bound in 1..MAX_BOUND, and every generator (limits: dict name -> its
-        memory's depth) inside 0 .. limit - 1 at every step. The message names the level or
-        generator, the value and the limit."""
-        if self.levels > LEVELS:
-            raise ConfigError(f"a nest of {self.levels} levels; the sequencer has {LEVELS}")
+    def check(self, limits, levels=LEVELS):
+        """Raise ConfigError unless the gateware (a LoopNest of `levels` levels) can run this
+        nest as it is: at most `levels` levels, every bound in 1..MAX_BOUND, and every
+        generator (limits: dict name -> its memory's depth) inside 0 .. limit - 1 at every
+        step. The message names the level or generator, the value and the limit."""
+        if self.levels > levels:
+            raise ConfigError(f"a nest of {self.levels} levels; the sequencer has {levels}")
         self._check_bounds(MAX_BOUND)
         for g in self.bases:
             if g not in limits:
