@@ -2,6 +2,8 @@
 model: the same predictions and the same MAC counts on random networks and batches, and the
 nests' address arithmetic."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -96,28 +98,14 @@ def test_train_program_steps_as_the_golden_model(seed):
             assert counts[name] == g.counters[name], name
 
 
-def test_walk_adds_deltas_to_reach_every_affine_address():
-    rng = np.random.default_rng(7)
-    for _ in range(50):
-        loops = [(f"l{i}", int(rng.integers(1, 5))) for i in range(int(rng.integers(1, 5)))]
-        gens = {g: (int(rng.integers(0, 50)), {n: int(rng.integers(-6, 7)) for n, _ in loops})
-                for g in dataflow.GENERATORS}
-        ph = dataflow.Phase("forward", *dataflow.nest(loops, gens))
-        steps = list(ph.walk())
-        assert len(steps) == ph.steps()
-        for idx, addr, first, last in steps:
-            for g in dataflow.GENERATORS:
-                assert addr[g] == ph.bases[g] + sum(i * s for i, s in zip(idx, ph.strides[g]))
-            assert first == tuple(i == 0 for i in idx)
-            assert last == tuple(i == n - 1 for i, n in zip(idx, ph.bounds))
-
-
-def test_a_nest_deeper_than_the_engine_is_refused():
-    with pytest.raises(spec.ConfigError, match="5 loops; the engine has 4 levels"):
-        dataflow.nest([(c, 2) for c in "abcde"], {})
-
-
 def test_a_program_longer_than_the_program_memory_is_refused():
     ph = dataflow.infer_program([4, 3, 2], BUILD, 8, [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT])
     with pytest.raises(spec.ConfigError, match=f"the engine holds {dataflow.PROGRAM_WORDS}"):
-        dataflow.encode(ph * 20, BUILD)
+        dataflow.encode(ph * 40, BUILD)
+
+
+def test_a_network_too_big_for_the_memories_is_refused():
+    with pytest.raises(spec.ConfigError,
+                       match="64-64-64 at batch 64 needs 1024 gradient words; the build has 128"):
+        dataflow.train_program([64, 64, 64], dataclasses.replace(BUILD, grad_words=128), 64,
+                               [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT])

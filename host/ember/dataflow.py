@@ -27,15 +27,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import spec
+from .program import BOUND_BITS, LEVELS, Nest
 from .golden import (argmax_first, bit_length, keep_count, lfsr_sequence, requantize,
                      round_shift, saturate, saturate_grad, select_channels, sgd_update,
                      sign_update, softmax_grad)
 from .spec import StepSettings
 
-#: Loop levels of a phase's nest, level 0 outermost.
-LEVELS = 4
-#: Width of a loop bound (iterations of one level; 1 ..  2**BOUND_BITS - 1).
-BOUND_BITS = 16
 #: The address generators of a phase. What each addresses depends on the kind (w: a weight
 #: or, for argmax, the class; a: an activation word or, for requant and argmax, the dX scratch
 #: entry or logits word; g: a gradient word read; o: the word, entry or sample written).
@@ -56,19 +53,19 @@ HEADER_WORDS = 2
 #: generator its base and one delta per level.
 PHASE_WORDS = HEADER_WORDS + LEVELS // 2 + len(GENERATORS) * (1 + LEVELS)
 #: Program words the engine holds (v2 builds).
-PROGRAM_WORDS = 512
+PROGRAM_WORDS = 1024
 WORD_MASK = (1 << spec.BUS_DATA_BITS) - 1
 
 
 @dataclass(frozen=True)
 class Phase:
-    """One phase of a program: a loop nest and what each step does.
+    """One phase of a program: a loop nest (program.Nest: LEVELS levels, the GENERATORS'
+    bases and strides) and what each step does.
 
     kind:    a KINDS name.
-    bounds:  LEVELS iteration counts, outermost first (unused outer levels: 1). In the
-             backward kinds the channel level's bound is the kept count, set at run time.
-    strides: generator name -> LEVELS address steps, one per level's index.
-    bases:   generator name -> the address at index (0, ..., 0).
+    nest:    the loop nest, outermost level first. In the backward kinds the channel level's
+             bound is the kept count and the pass level's PSG's passes, set at run time
+             (KEPT_LEVEL, PASS_LEVEL).
     shift:   forward, logits: the layer's requantization shift.
     tail:    the live lanes of the last sample block (the batch's remainder; P when the batch
              fills it).
@@ -76,63 +73,34 @@ class Phase:
     inputs, outputs: the layer's K and N.
     """
     kind: str
-    bounds: tuple
-    strides: dict
-    bases: dict
+    nest: Nest
     shift: int = 0
     tail: int = 0
     layer: int = 0
     inputs: int = 0
     outputs: int = 0
 
-    def deltas(self, bounds=None):
-        """What each generator adds when level i advances and the levels inside it wrap:
-        ``stride_i - sum over j > i of (n_j - 1) * stride_j``."""
-        bounds = self.bounds if bounds is None else bounds
-        return {g: tuple(st[i] - sum((bounds[j] - 1) * st[j] for j in range(i + 1, LEVELS))
-                         for i in range(LEVELS))
-                for g, st in self.strides.items()}
+    @property
+    def bounds(self):
+        return self.nest.bounds
 
     def with_bound(self, level, bound):
-        return replace(self, bounds=self.bounds[:level] + (bound,) + self.bounds[level + 1:])
-
-    def steps(self):
-        return int(np.prod(self.bounds))
+        n = self.nest
+        bounds = n.bounds[:level] + (bound,) + n.bounds[level + 1:]
+        return replace(self, nest=Nest(bounds, n.bases, n.strides))
 
     def walk(self):
-        """The steps in loop order, innermost fastest: (indices, addresses, first, last),
-        the addresses formed by adding deltas, as the engine does."""
-        deltas = self.deltas()
-        idx = [0] * LEVELS
-        addr = dict(self.bases)
-        for _ in range(self.steps()):
-            first = tuple(i == 0 for i in idx)
-            last = tuple(i == n - 1 for i, n in zip(idx, self.bounds))
-            yield tuple(idx), dict(addr), first, last
-            moving = next((lv for lv in range(LEVELS - 1, -1, -1) if not last[lv]), None)
-            if moving is None:
-                return
-            for lv in range(moving + 1, LEVELS):
-                idx[lv] = 0
-            idx[moving] += 1
-            for g in addr:
-                addr[g] += deltas[g][moving]
+        """The steps in loop order (program.Nest.walk): (indices, addresses, first, last)."""
+        for st in self.nest.walk():
+            yield st.indices, st.addresses, st.first, st.last
 
 
 def nest(loops, gens):
-    """Bounds and strides from named loops: `loops` is [(name, bound), ...] outermost first
-    (at most LEVELS), `gens` {generator: (base, {loop name: stride})}. Returns (bounds,
-    strides, bases), padded with bound-1 levels on the outside."""
-    if len(loops) > LEVELS:
-        raise spec.ConfigError(f"a nest of {len(loops)} loops; the engine has {LEVELS} levels")
-    names = [None] * (LEVELS - len(loops)) + [n for n, _ in loops]
-    bounds = tuple([1] * (LEVELS - len(loops)) + [b for _, b in loops])
-    strides = {g: tuple(st.get(n, 0) if n else 0 for n in names) for g, (_, st) in gens.items()}
-    bases = {g: base for g, (base, _) in gens.items()}
-    for g in GENERATORS:
-        strides.setdefault(g, (0,) * LEVELS)
-        bases.setdefault(g, 0)
-    return bounds, strides, bases
+    """The nest of `loops` ([(name, bound), ...], outermost first, at most LEVELS) and
+    `gens` ({generator: (base, {loop name: stride})}); a generator it does not name has base
+    and strides 0."""
+    gens = {g: gens.get(g, (0, {})) for g in GENERATORS}
+    return Nest.of(loops, gens)
 
 
 def sample_blocks(build, batch):
@@ -150,6 +118,27 @@ def layout(layers, build, batch):
     return wbase[:-1], abase[:len(layers) - 1], (0, build.grad_words // 2)
 
 
+def check_fits(layers, build, batch, train=True):
+    """Raise spec.ConfigError, naming the memory, what the network needs of it and what the
+    build has, if the network and batch do not fit this dataflow's memories."""
+    S, P = sample_blocks(build, batch), build.lanes
+    needs = {"weight": (sum(k * n for k, n in zip(layers, layers[1:])),
+                        build.weight_words * P, "weights"),
+             "activation": (S * sum(layers[:-1]), build.act_bytes // P, "words")}
+    if train:
+        needs["gradient"] = (2 * S * max(layers[1:]), build.grad_words, "words")
+        needs["dX scratch"] = (S * P * max(layers[1:-1], default=0), build.scratch_entries,
+                               "entries")
+    else:
+        needs["gradient"] = (S * layers[-1], build.grad_words, "words")
+    if batch > build.max_batch:
+        raise spec.ConfigError(f"batch {batch} exceeds the build's {build.max_batch}")
+    for memory, (need, have, unit) in needs.items():
+        if need > have:
+            raise spec.ConfigError(f"{'-'.join(map(str, layers))} at batch {batch} needs "
+                                   f"{need} {memory} {unit}; the build has {have}")
+
+
 def _per_sample(kind, build, batch, loops, gens, **fields):
     """Phases whose innermost levels walk the samples one by one (loss, argmax, requant):
     one phase over the full sample blocks and one over the batch's remainder. `loops`
@@ -162,7 +151,7 @@ def _per_sample(kind, build, batch, loops, gens, **fields):
         if blocks == 0:
             continue
         shifted = {g: (base + first_s * st.get("s", 0), st) for g, (base, st) in gens.items()}
-        out.append(Phase(kind, *nest([("s", blocks), ("p", lanes)] + loops, shifted),
+        out.append(Phase(kind, nest([("s", blocks), ("p", lanes)] + loops, shifted),
                          tail=lanes, **fields))
     return out
 
@@ -176,7 +165,7 @@ def _forward_phases(layers, build, batch, shifts):
         last = l == len(layers) - 2
         out = g_top if last else abase[l + 1]
         phases.append(Phase("logits" if last else "forward",
-                            *nest([("s", S), ("j", n), ("k", k)],
+                            nest([("s", S), ("j", n), ("k", k)],
                                   {"w": (wbase[l], {"j": k, "k": 1}),
                                    "a": (abase[l], {"s": k, "k": 1}),
                                    "o": (out, {"s": n, "j": 1})}),
@@ -187,6 +176,7 @@ def _forward_phases(layers, build, batch, shifts):
 def infer_program(layers, build, batch, shifts):
     """The phases of an infer command: a forward phase per layer (the last one writing
     logits), then the argmax of each sample's logits into the predictions."""
+    check_fits(layers, build, batch, train=False)
     n = layers[-1]
     return _forward_phases(layers, build, batch, shifts) + _per_sample(
         "argmax", build, batch, [("n", n)],
@@ -202,6 +192,7 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
     first finds the layer's largest prediction: psg_max). Which backward phases run is
     decided at run time from the SLU mask (BACKWARD_KINDS); the channel level's bound is
     the kept count."""
+    check_fits(layers, build, batch)
     P, S = build.lanes, sample_blocks(build, batch)
     tail = batch - (S - 1) * P
     wbase, abase, halves = layout(layers, build, batch)
@@ -215,12 +206,12 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
         k, n = layers[l], layers[l + 1]
         g_cur, g_below = halves[(L - 1 - l) % 2], halves[(L - l) % 2]
         fields = dict(layer=l, inputs=k, outputs=n)
-        phases.append(Phase("select", *nest([("j", n), ("s", S)],
+        phases.append(Phase("select", nest([("j", n), ("s", S)],
                                             {"g": (g_cur, {"j": 1, "s": n})}),
                             tail=tail, **fields))
         if l > 0:
             phases.append(Phase("input_grad",
-                                *nest([("s", S), ("k", k), ("c", n)],
+                                nest([("s", S), ("k", k), ("c", n)],
                                       {"w": (wbase[l], {"k": 1}),
                                        "a": (abase[l], {"s": k, "k": 1}),
                                        "g": (g_cur, {"s": n}),
@@ -229,18 +220,22 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
             phases += _per_sample("requant", build, batch, [("k", k)],
                                   {"a": (0, {"s": k * P, "p": 1, "k": P}),
                                    "o": (g_below, {"s": k, "k": 1})}, **fields)
-        grad_nest = nest([("c", n), ("k", k), ("s", S)],
+        grad_nest = nest([("c", n), ("k", k), ("pass", 2), ("s", S)],
                          {"w": (wbase[l], {"k": 1}),
                           "a": (abase[l], {"s": k, "k": 1}),
                           "g": (g_cur, {"s": n})})
         if psg_relative:
-            phases.append(Phase("psg_max", *grad_nest, tail=tail, **fields))
-        phases.append(Phase("weight_grad", *grad_nest, tail=tail, **fields))
+            phases.append(Phase("psg_max", grad_nest, tail=tail, **fields))
+        phases.append(Phase("weight_grad", grad_nest, tail=tail, **fields))
     return phases
 
 
 #: The level whose bound is the kept count, per backward kind (the channel c).
-KEPT_LEVEL = {"input_grad": LEVELS - 1, "weight_grad": 1, "psg_max": 1}
+KEPT_LEVEL = {"input_grad": LEVELS - 1, "weight_grad": 0, "psg_max": 0}
+#: The weight-gradient nests' pass level: PSG walks a (j, k)'s samples twice (the prediction,
+#: then full precision where it is not confident); its strides are 0, so the second pass
+#: reads what the first did. Its bound is 2 under PSG and 1 otherwise, set at run time.
+PASS_LEVEL = 2
 
 
 def encode(phases, build):
@@ -257,9 +252,9 @@ def encode(phases, build):
         words += head
         for i in range(0, LEVELS, 2):
             words.append(ph.bounds[i] | ph.bounds[i + 1] << BOUND_BITS)
-        deltas = ph.deltas()
+        deltas = ph.nest.deltas()
         for g in GENERATORS:
-            words.append(ph.bases[g] & WORD_MASK)
+            words.append(ph.nest.bases[g] & WORD_MASK)
             words.extend(d & WORD_MASK for d in deltas[g])
     words += [KINDS["end"]] * HEADER_WORDS
     if len(words) > PROGRAM_WORDS:
@@ -447,6 +442,8 @@ def _kept_walk(run, ph):
     kept channel's j added to g and j * K to w."""
     level = KEPT_LEVEL[ph.kind]
     kept = run.kept
+    if ph.kind != "input_grad":
+        ph = ph.with_bound(PASS_LEVEL, 1)   # the executor forms both passes of a (j, k) itself
     for idx, addr, first, last in ph.with_bound(level, len(kept)).walk():
         j = kept[idx[level]]
         addr["w"] += j * ph.inputs

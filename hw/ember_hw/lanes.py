@@ -23,6 +23,8 @@ Ports (sync domain):
   acc_clear:  In(1) -- every accumulator to 0 (at the end of this cycle).
   acc_zero:   In(lanes) -- these accumulators to 0.
   acc_add:    In(lanes) -- these accumulators add this cycle's `products`.
+  acc_first:  In(1) -- with acc_add: those accumulators take the products instead of adding
+              them (the first product of a sum: no clearing cycle between two sums).
   acc:        Out(lanes * acc_bits) -- the accumulators.
   snap:       In(1) -- the snapshot takes every accumulator (its value at the start of this
               cycle).
@@ -35,7 +37,7 @@ All registers are reset-less: every phase writes the operands, products and accu
 before it reads them, and a reset net to thousands of flip-flops only costs routing.
 """
 
-from amaranth import Module, Signal, signed
+from amaranth import Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -63,6 +65,7 @@ class MacLanes(wiring.Component):
             "acc_clear": In(1),
             "acc_zero": In(lanes),
             "acc_add": In(lanes),
+            "acc_first": In(1),
             "acc": Out(lanes * acc_bits),
             "snap": In(1),
             "snap_shift": In(1),
@@ -107,7 +110,7 @@ class MacLanes(wiring.Component):
             with m.If(self.acc_clear | self.acc_zero[i]):
                 m.d.sync += acc[i].eq(0)
             with m.Elif(self.acc_add[i]):
-                m.d.sync += acc[i].eq(acc[i] + prod_r[i])
+                m.d.sync += acc[i].eq(Mux(self.acc_first, 0, acc[i]) + prod_r[i])
             with m.If(self.snap):
                 m.d.sync += snap[i].eq(acc[i])
             if i + 1 < P:

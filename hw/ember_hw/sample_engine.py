@@ -1,0 +1,957 @@
+"""Engine v2's core: the program runner and the phases of the infer and train commands in the
+sample-lane dataflow (issue 13; docs/architecture.md, section 2b).
+
+Golden twin: ``ember.dataflow.execute`` -- the same phases (``ember.dataflow.infer_program``
+and ``train_program``, written to the program memory as ``ember.dataflow.encode`` words), the
+same memories (``ember.dataflow.Memories``: weights one per word, activations and gradients
+in words of P lanes, lane p of sample block s holding sample s * P + p), the same events. Its
+arithmetic is the golden model's: ``GoldenModel.infer`` and ``train_batch`` bit for bit.
+
+The core is not on a build yet: v1's ``EngineCore`` is. It has no bus: the test harness (and,
+when v2 replaces v1, the memory window and register bank) drives the ports below.
+
+`SampleEngine(build)`. Ports (sync domain):
+  start:        In(1) -- run the program from word 0 (ignored while busy).
+  busy:         Out(1) -- from the cycle after start until the program's "end" phase.
+  fault:        Out(1) -- the last run stopped at a phase the engine refused: an unknown kind,
+                a bound of 0 or an address outside its memory (ember_hw.loopnest, and the
+                kept channels' addresses here); sticky until the next start.
+  settings:     In -- the step's registers (spec.StepSettings): batch, update_mask,
+                lr_shift, zero_skip, psg, psg_relative, psg_tau, psg_step_shift, keep_q8,
+                ssprop_random, lfsr_seed. Held from start to the end of the run.
+  correct:      Out -- samples the loss phases classified right in the last run.
+  prog_wr_*, w_wr_*, act_wr_*, label_wr_*: In -- write a program word, a weight, an
+                activation byte (at word * P + lane) or a label, while idle.
+  w_rd_addr: In; w_rd_data: Out -- a weight, the cycle after its address (while idle).
+  pred_rd_addr: In; pred_rd_data: Out -- a prediction, the cycle after its address.
+  ``events``: name -> Signal, the spec.COUNTERS the core counts over one run (cleared at
+                start; the counter file takes them when v2 replaces v1).
+
+A phase's program words are loaded into registers (ember.dataflow.PHASE_WORDS cycles), its
+loop nest walked, and the pipeline drained before the next phase starts (the next phase
+reads what this one wrote). A backward phase whose layer the SLU mask leaves out is skipped
+after its header. The kept channel level's bound is the kept count of the layer's select
+phase, and the PSG pass level's bound is 2 under PSG, else 1.
+
+The phases (cycle t: the nest presents the step and it is taken):
+
+- forward, logits (levels: sample block s, output j, input k): t reads the activation word;
+  t+1 gates the lanes whose activation is zero and reads W[j, k] unless every lane is gated;
+  t+2 gives the weight to every lane with its own activation; t+4 accumulates; at the last k,
+  t+5 snapshots the sums and the writeback unit requantizes them a lane a cycle. A step with
+  the last k waits until the writeback unit is free when its sums arrive (P + 5 cycles apart).
+- argmax (s, lane, class n): the first maximum of each sample's logits into the predictions.
+- loss (s, lane): the softmax-gradient unit (ember_hw.loss) on one sample's logits in place.
+- select (j, s): ssProp's scores (sum over the live lanes of |dY| of channel j, or the LFSR),
+  the selector (ember_hw.select), then the kept list: (j, j * K) of each kept channel in
+  order, which the input- and weight-gradient phases add to their w and g addresses.
+- input_grad (s, k, kept c): W[j, k] to every lane with its sample's dY[b, j]; the lanes whose
+  activation is not positive are gated; at the last c the dX drain writes each lane's raw
+  dX (zero where the activation is) to the scratch and tracks the batch's largest |dX|.
+- requant (s, lane, k): dX through the rounding shifter by the batch's scale into dY of the
+  layer below (ember_hw.requant).
+- weight_grad (kept c, k, pass, s): each lane's dY[b, j] * A[b, k] summed across the lanes
+  (an adder tree) and the sample blocks; at the last s the update: SGD through the rounding
+  shifter, or under PSG a first pass of the high bits' products (the prediction) and a
+  second pass at full precision only where the prediction is not confident; the sign step.
+  The second pass's first step waits for the decision.
+- psg_max (kept c, k, 1, s): PSG's relative threshold, the layer's largest |prediction|.
+"""
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import ResetInserter
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ember import dataflow, spec
+
+from .arith import RoundingShifter, clamp_signed, popcount, tree_sum
+from .lanemem import LaneMemory
+from .lanes import MacLanes
+from .loopnest import LoopNest
+from .loss import SoftmaxGradUnit
+from .requant import DxRequantizer
+from .select import ChannelSelector, Lfsr16
+from .writeback import ForwardWriteback
+
+#: The events the core counts (the link's and the cycle counters are the shell's).
+EVENTS = tuple(c for c in spec.EXACT_COUNTERS if not c.startswith("link_"))
+#: Cycles from a nest step to the snapshot of its sums.
+SNAP_LATENCY = 5
+LEVELS = dataflow.LEVELS
+
+
+class SampleEngine(wiring.Component):
+    """The v2 core (module docstring)."""
+
+    def __init__(self, build=spec.DEFAULT_BUILD):
+        self.build = build
+        P = build.lanes
+        self.logp = ceil_log2(P)
+        self.weight_depth = build.weight_words * P
+        self.act_words = build.act_bytes // P
+        self.w_bits = ceil_log2(self.weight_depth)
+        a_bits = ceil_log2(self.act_words)
+        g_bits = ceil_log2(build.grad_words)
+        self.width_bits = ceil_log2(build.max_width + 1)
+        # what each generator addresses depends on the phase kind (ember.dataflow.GENERATORS)
+        self.gen_bits = {"w": max(self.w_bits, self.width_bits),
+                         "a": max(a_bits, g_bits, ceil_log2(build.scratch_entries)),
+                         "g": g_bits,
+                         "o": max(a_bits, g_bits, ceil_log2(build.max_batch + 1),
+                                  ceil_log2(build.scratch_entries))}
+        table = build.settings()
+        super().__init__({
+            "start": In(1),
+            "busy": Out(1),
+            "fault": Out(1),
+            "batch": In(range(build.max_batch + 1)),
+            "update_mask": In(build.max_layers),
+            "lr_shift": In(range(spec.UPDATE_SHIFT_MAX + 1)),
+            "zero_skip": In(1),
+            "psg": In(1),
+            "psg_relative": In(1),
+            "psg_tau": In(32),
+            "psg_step_shift": In(table["psg_step_shift"].bits),
+            "keep_q8": In(table["keep_q8"].bits),
+            "ssprop_random": In(1),
+            "lfsr_seed": In(16),
+            "correct": Out(range(build.max_batch + 1)),
+            "prog_wr_addr": In(ceil_log2(dataflow.PROGRAM_WORDS)),
+            "prog_wr_data": In(spec.BUS_DATA_BITS),
+            "prog_wr_en": In(1),
+            "w_wr_addr": In(self.w_bits),
+            "w_wr_data": In(spec.WEIGHT_BITS),
+            "w_wr_en": In(1),
+            "w_rd_addr": In(self.w_bits),
+            "w_rd_data": Out(spec.WEIGHT_BITS),
+            "act_wr_addr": In(a_bits + self.logp),
+            "act_wr_data": In(spec.ACT_BITS),
+            "act_wr_en": In(1),
+            "label_wr_addr": In(ceil_log2(build.max_batch)),
+            "label_wr_data": In(spec.LABEL_BITS),
+            "label_wr_en": In(1),
+            "pred_rd_addr": In(ceil_log2(build.max_batch)),
+            "pred_rd_data": Out(spec.LABEL_BITS),
+        })
+        self.events = {name: Signal(32, name=f"ev_{name}") for name in EVENTS}
+        #: the busy cycles of each phase kind in the last run (loading its words and draining
+        #: its pipeline included): what the utilization figures divide by
+        self.kind_cycles = {k: Signal(32, name=f"cycles_{k}") for k in dataflow.KINDS}
+
+    def elaborate(self, platform):
+        m = Module()
+        s = _Core(m, self)
+        self._memories(m, s)
+        self._phase_registers(m, s)
+        self._datapath(m, s)
+        self._forward(m, s)
+        self._argmax(m, s)
+        self._loss(m, s)
+        self._select(m, s)
+        self._input_grad(m, s)
+        self._requant(m, s)
+        self._weight_grad(m, s)
+        self._update(m, s)
+        self._runner(m, s)
+        return m
+
+    # ---------------------------------------------------------------- memories
+    def _memories(self, m, s):
+        bld, P, LOGP = self.build, s.P, self.logp
+
+        def memory(name, shape, depth):
+            m.submodules[name] = mem = Memory(shape=shape, depth=depth, init=[])
+            return mem.read_port(transparent_for=()), mem.write_port()
+
+        s.prog_rd, s.prog_wr = memory("prog", unsigned(spec.BUS_DATA_BITS), dataflow.PROGRAM_WORDS)
+        s.w_rd, s.w_wr = memory("wmem", unsigned(spec.WEIGHT_BITS), self.weight_depth)
+        s.s_rd, s.s_wr = memory("smem", signed(spec.DX_BITS), bld.scratch_entries)
+        s.l_rd, s.l_wr = memory("lmem", unsigned(spec.LABEL_BITS), bld.max_batch)
+        s.p_rd, s.p_wr = memory("pmem", unsigned(spec.LABEL_BITS), bld.max_batch)
+        # the kept list: (j, j * K) of each kept channel of the current layer
+        s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits), bld.max_width)
+        m.submodules.amem = s.amem = LaneMemory(P, self.act_words, spec.ACT_BITS)
+        m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS)
+        idle = ~s.busy
+        m.d.comb += [s.prog_wr.addr.eq(self.prog_wr_addr), s.prog_wr.data.eq(self.prog_wr_data),
+                     s.prog_wr.en.eq(self.prog_wr_en & idle),
+                     s.l_wr.addr.eq(self.label_wr_addr), s.l_wr.data.eq(self.label_wr_data),
+                     s.l_wr.en.eq(self.label_wr_en & idle),
+                     s.p_rd.addr.eq(self.pred_rd_addr), self.pred_rd_data.eq(s.p_rd.data),
+                     self.w_rd_data.eq(s.w_rd.data)]
+        with m.If(idle):
+            m.d.comb += [s.w_wr.addr.eq(self.w_wr_addr), s.w_wr.data.eq(self.w_wr_data),
+                         s.w_wr.en.eq(self.w_wr_en), s.w_rd.addr.eq(self.w_rd_addr),
+                         s.amem.wr.addr.eq(self.act_wr_addr[LOGP:]),
+                         s.amem.wr.data.eq(self.act_wr_data.replicate(P)),
+                         s.amem.wr.en.eq(Mux(self.act_wr_en,
+                                             Const(1, P) << self.act_wr_addr[:LOGP], 0))]
+
+    # ---------------------------------------------------------------- the phase's registers
+    def _phase_registers(self, m, s):
+        bld, P = self.build, s.P
+        s.kind = Signal(4)
+        s.tail = Signal(range(P + 1))
+        s.shift = Signal(range(spec.FORWARD_SHIFT_MAX + 1))
+        s.layer = Signal(range(bld.max_layers))
+        s.N = Signal(dataflow.HEADER_FIELDS["outputs"][2])
+        s.K = Signal(dataflow.HEADER_FIELDS["inputs"][2])
+        s.header = {"kind": s.kind, "tail": s.tail, "shift": s.shift, "layer": s.layer,
+                    "outputs": s.N, "inputs": s.K}
+        s.bounds = [Signal(dataflow.BOUND_BITS, name=f"bound{i}") for i in range(LEVELS)]
+        s.bases = {g: Signal(self.gen_bits[g], name=f"base_{g}") for g in s.gens}
+        s.deltas = {g: [Signal(self.gen_bits[g] + 1, name=f"delta_{g}{i}")
+                        for i in range(LEVELS)] for g in s.gens}
+        kinds = dataflow.KINDS
+        s.is_ = {name: Signal(name=f"is_{name}") for name in kinds}
+        for name, code in kinds.items():
+            m.d.comb += s.is_[name].eq(s.kind == code)
+        s.forwardish = s.is_["forward"] | s.is_["logits"]
+        s.gradish = s.is_["weight_grad"] | s.is_["psg_max"]
+
+        # the nest; its bounds with the run-time ones: the kept count and PSG's passes
+        s.abort = Signal()
+        m.submodules.nest = s.nest = nest = ResetInserter(s.abort)(LoopNest(self.gen_bits))
+        s.kept_count = Signal(range(bld.max_width + 1))
+        s.passes = Signal(range(3))
+        m.d.comb += s.passes.eq(Mux(s.is_["weight_grad"] & self.psg, 2, 1))
+        eff = []
+        for i, b in enumerate(s.bounds):
+            v = b
+            if i == dataflow.KEPT_LEVEL["input_grad"]:
+                v = Mux(s.is_["input_grad"], s.kept_count, v)
+            if i == dataflow.KEPT_LEVEL["weight_grad"]:
+                v = Mux(s.gradish, s.kept_count, v)
+            if i == dataflow.PASS_LEVEL:
+                v = Mux(s.gradish, s.passes, v)
+            eff.append(v)
+        m.d.comb += [nest.bound.eq(Cat(*eff)), s.nest_done.eq(nest.done)]
+        limits = {
+            "w": Mux(s.is_["argmax"], bld.max_width, self.weight_depth),
+            "a": Mux(s.is_["argmax"] | s.is_["loss"], bld.grad_words,
+                     Mux(s.is_["requant"], bld.scratch_entries, self.act_words)),
+            "g": bld.grad_words,
+            "o": Mux(s.is_["argmax"] | s.is_["loss"], bld.max_batch,
+                     Mux(s.is_["logits"] | s.is_["requant"], bld.grad_words,
+                         Mux(s.is_["input_grad"], bld.scratch_entries, self.act_words))),
+        }
+        for g in s.gens:
+            m.d.comb += [getattr(nest, f"base_{g}").eq(s.bases[g]),
+                         getattr(nest, f"delta_{g}").eq(Cat(*s.deltas[g])),
+                         getattr(nest, f"limit_{g}").eq(limits[g])]
+        s.addr = {g: getattr(nest, f"addr_{g}") for g in s.gens}
+        s.first, s.last = nest.first, nest.last
+        # the step is taken this cycle unless a phase holds it (stall)
+        s.stall = Signal()
+        s.issue = Signal()
+        m.d.comb += [nest.advance.eq(~s.stall), s.issue.eq(nest.valid & ~s.stall)]
+        # the live lanes of a step: all, or the tail in the last sample block
+        thermo = Signal(P)
+        m.d.comb += thermo.eq(((Const(1, P + 1) << s.tail) - 1)[:P])
+        s.thermo = thermo
+        s.all_lanes = Const((1 << P) - 1, P)
+
+        # the index of the kept channel level (the kept list's address)
+        s.c_idx = Signal(range(bld.max_width + 1))
+        with m.If(s.issue & s.is_["input_grad"]):
+            m.d.sync += s.c_idx.eq(Mux(s.last[3], 0, s.c_idx + 1))
+        with m.If(s.issue & s.gradish & s.last[1] & s.last[2] & s.last[3]):
+            m.d.sync += s.c_idx.eq(s.c_idx + 1)
+        m.d.comb += s.k_rd.addr.eq(s.c_idx)
+        s.kept_j = s.k_rd.data[:self.width_bits]
+        s.kept_jk = s.k_rd.data[self.width_bits:]
+
+    # ---------------------------------------------------------------- shared datapath
+    def _datapath(self, m, s):
+        bld, P = self.build, s.P
+        OPND = max(spec.WEIGHT_BITS, spec.GRAD_BITS, spec.ACT_BITS + 1)
+        # the lanes accumulate forward sums, and the input gradient's sums over the outputs of
+        # W x dY (wider: spec.Build.dx_acc_bits); no sum wraps
+        s.LACC = LACC = max(bld.lane_acc_bits(), bld.dx_acc_bits())
+        m.submodules.lanes = s.lanes = MacLanes(P, OPND, LACC)
+        value_bits = max(LACC, spec.DX_BITS)
+        m.submodules.shifter = s.shifter = RoundingShifter(value_bits, spec.SHIFT_MAX)
+        m.submodules.writeback = s.wb = ForwardWriteback(
+            P, LACC, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
+            shift_bits=len(s.shift))
+        m.submodules.requant = s.req = DxRequantizer()
+        m.submodules.loss = s.loss = SoftmaxGradUnit(max_classes=bld.max_width)
+        s.has_ssprop = "ssprop" in bld.features
+        s.has_psg = "psg" in bld.features
+        if s.has_ssprop:
+            m.submodules.selector = s.sel = ChannelSelector(max_channels=bld.max_width)
+            if "ssprop_random" in bld.features:
+                m.submodules.lfsr = s.lfsr = Lfsr16()
+        m.d.comb += s.dense.eq(s.keep >= s.N)
+        if s.has_ssprop and "ssprop_random" in bld.features:
+            m.d.comb += [s.random.eq(self.ssprop_random), s.lfsr_state.eq(s.lfsr.state)]
+        # the writeback unit takes the snapshot's head through the shifter
+        m.d.comb += [s.wb.rounded.eq(s.shifter.out), s.req.rounded.eq(s.shifter.out)]
+        with m.If(s.wb.take):
+            m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(s.lanes.head),
+                         s.shifter.shift.eq(s.wb.take_shift), s.lanes.snap_shift.eq(1)]
+        with m.If(s.wb.act_wr_en):
+            m.d.comb += [s.amem.wr.addr.eq(s.wb.act_wr_addr[self.logp:]),
+                         s.amem.wr.data.eq(s.wb.act_wr_data.replicate(P)),
+                         s.amem.wr.en.eq(Const(1, P) << s.wb.act_wr_addr[:self.logp])]
+            m.d.sync += s.count("act_writes")
+        with m.If(s.wb.grad_wr_en):
+            self._grad_write(m, s, s.wb.grad_wr_word, s.wb.grad_wr_lane, s.wb.grad_wr_value)
+
+    @staticmethod
+    def _grad_write(m, s, word, lane, value):
+        m.d.comb += [s.gmem.wr.addr.eq(word), s.gmem.wr.data.eq(value.as_unsigned().replicate(s.P)),
+                     s.gmem.wr.en.eq(Const(1, s.P) << lane)]
+        m.d.sync += s.count("grad_writes")
+
+    # ---------------------------------------------------------------- forward, logits
+    def _forward(self, m, s):
+        P, LOGP = s.P, self.logp
+        on = s.forwardish
+        last_k = s.last[3]
+        with m.If(on & s.nest.valid & last_k & (s.reserve != 0)):
+            m.d.comb += s.stall.eq(1)
+        with m.If(s.issue & on & last_k):
+            m.d.sync += s.reserve.eq(P + SNAP_LATENCY - 1)
+        live0 = Mux(s.last[1], s.thermo, s.all_lanes)
+        s1 = _Stage(m, "f1", P, len(s.addr["w"]), len(s.addr["o"]))
+        s2 = _Stage(m, "f2", P, 0, len(s.addr["o"]))
+        s3 = _Stage(m, "f3", P, 0, len(s.addr["o"]))
+        s4 = _Stage(m, "f4", P, 0, len(s.addr["o"]))
+        s5 = _Stage(m, "f5", P, 0, len(s.addr["o"]))
+        s.in_flight.append(s1.valid | s2.valid | s3.valid | s4.valid | s5.valid)
+        on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
+        with m.If(on):
+            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
+        m.d.sync += [s1.valid.eq(s.issue & on), s1.first.eq(s.first[3]), s1.last.eq(last_k),
+                     s1.w.eq(s.addr["w"]), s1.o.eq(s.addr["o"]), s1.live.eq(live0)]
+        with m.If(s.issue & on):
+            m.d.sync += s.count("act_reads", Mux(s.last[1], s.tail, P))
+        # t+1: gate the zero lanes; read the weight unless every lane is gated
+        nonzero = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
+        on1 = s1.live & Mux(self.zero_skip, nonzero, s.all_lanes)
+        with m.If(s1.valid):
+            m.d.comb += [s.w_rd.addr.eq(s1.w), s.w_rd.en.eq(on1 != 0)]
+        m.d.sync += [s2.valid.eq(s1.valid), s2.first.eq(s1.first), s2.last.eq(s1.last),
+                     s2.o.eq(s1.o), s2.live.eq(s1.live), on2.eq(on1), act2.eq(s.amem.rd.data)]
+        # t+2: the weight to every lane, each lane's activation
+        with m.If(s2.valid):
+            for i in range(P):
+                m.d.comb += [s.lanes.operand_a(i).eq(s.w_rd.data.as_signed()),
+                             s.lanes.operand_b(i).eq(act2.word_select(i, spec.ACT_BITS))]
+            m.d.comb += s.lanes.b_zero.eq(~on2)
+            m.d.sync += [s.count("mac_forward", popcount(on2)),
+                         s.count("skip_zero", popcount(s2.live & ~on2)),
+                         s.count("weight_reads", on2 != 0)]
+        s.chain(m, s2, s3)
+        s.chain(m, s3, s4)
+        m.d.sync += [s5.valid.eq(s4.valid & s4.last), s5.o.eq(s4.o), s5.live.eq(s4.live)]
+        # t+4: accumulate; t+5: the sums to the writeback unit
+        with m.If(s4.valid):
+            m.d.comb += [s.lanes.acc_add.eq(s.all_lanes), s.lanes.acc_first.eq(s4.first)]
+        with m.If(s5.valid):
+            m.d.comb += [s.lanes.snap.eq(1), s.wb.start.eq(1), s.wb.last.eq(s.is_["logits"]),
+                         s.wb.shift.eq(s.shift), s.wb.lanes_on.eq(s5.live),
+                         s.wb.act_addr.eq(s5.o << LOGP), s.wb.grad_word.eq(s5.o)]
+        s.in_flight.append(s.wb.busy)
+
+    # ---------------------------------------------------------------- argmax
+    def _argmax(self, m, s):
+        P, LOGP = s.P, self.logp
+        on = s.is_["argmax"]
+        v1, v2 = Signal(name="am1_valid"), Signal(name="am2_valid")
+        f1, f2, l1, l2 = (Signal(name=f"am_{n}") for n in ("f1", "f2", "l1", "l2"))
+        lane1 = Signal(range(P))
+        n1, n2 = Signal(len(s.addr["w"])), Signal(len(s.addr["w"]))
+        o1, o2 = Signal(len(s.addr["o"])), Signal(len(s.addr["o"]))
+        pick = Signal(signed(spec.LOGIT_BITS))
+        best = Signal(signed(spec.LOGIT_BITS))
+        best_n = Signal(len(s.addr["w"]))
+        s.in_flight.append(v1 | v2)
+        with m.If(on):
+            m.d.comb += s.gmem.rd.addr.eq(s.addr["a"])
+        m.d.sync += [v1.eq(s.issue & on), f1.eq(s.first[3]), l1.eq(s.last[3]),
+                     lane1.eq(s.addr["o"][:LOGP]), n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
+        with m.If(s.issue & on):
+            m.d.sync += s.count("grad_reads")
+        logit = Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()
+                      for i in range(P))
+        m.d.sync += [v2.eq(v1), f2.eq(f1), l2.eq(l1), pick.eq(logit[lane1]), n2.eq(n1),
+                     o2.eq(o1)]
+        better = f2 | (pick > best)
+        with m.If(v2 & better):
+            m.d.sync += [best.eq(pick), best_n.eq(n2)]
+        m.d.comb += [s.p_wr.addr.eq(o2), s.p_wr.data.eq(Mux(better, n2, best_n)),
+                     s.p_wr.en.eq(v2 & l2)]
+        with m.If(v2 & l2):
+            m.d.sync += s.count("infer_samples")
+
+    # ---------------------------------------------------------------- loss
+    def _loss(self, m, s):
+        P, LOGP = s.P, self.logp
+        on = s.is_["loss"]
+        loss = s.loss
+        lane = s.addr["o"][:LOGP]
+        label = Signal(spec.LABEL_BITS)
+        m.d.comb += [loss.classes.eq(s.N), loss.label.eq(label),
+                     loss.rd_data.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
+                                           for i in range(P))[s.loss_lane].as_signed())]
+        with m.If(on):
+            m.d.comb += [s.l_rd.addr.eq(s.addr["o"]),
+                         s.gmem.rd.addr.eq(s.addr["a"] + loss.rd_addr)]
+        with m.If(loss.rd_en):
+            m.d.sync += [s.loss_lane.eq(lane), s.count("grad_reads")]
+        with m.If(loss.wr_en):
+            with m.If(s.addr["a"] + loss.wr_addr < self.build.grad_words):
+                self._grad_write(m, s, s.addr["a"] + loss.wr_addr, lane, loss.wr_data)
+            with m.Else():
+                m.d.sync += s.fault.eq(1)
+        with m.FSM(name="loss_steps"):
+            with m.State("WAIT"):
+                with m.If(on & s.nest.valid):
+                    m.d.comb += s.stall.eq(1)
+                    m.next = "LABEL"
+            with m.State("LABEL"):
+                m.d.comb += s.stall.eq(1)
+                with m.If(~s.busy):
+                    m.next = "WAIT"
+                m.d.sync += label.eq(s.l_rd.data)
+                m.next = "GO"
+            with m.State("GO"):
+                m.d.comb += [s.stall.eq(1), loss.start.eq(1)]
+                m.next = "RUN"
+            with m.State("RUN"):
+                with m.If(loss.done):
+                    m.d.sync += [s.correct.eq(s.correct + loss.correct),
+                                 s.count("loss_elements", s.N)]
+                    m.next = "WAIT"
+                with m.Else():
+                    m.d.comb += s.stall.eq(1)
+
+    # ---------------------------------------------------------------- select
+    def _select(self, m, s):
+        """ssProp's scores and selection, then the kept list (every channel when dense)."""
+        bld, P = self.build, s.P
+        on = s.is_["select"]
+        # scores: sum over the live lanes of |dY| of channel j, accumulated over the blocks
+        v1, v2, v3 = Signal(name="sc1_valid"), Signal(name="sc2_valid"), Signal(name="sc3_valid")
+        last1, last2, first1, first2 = (Signal(name=f"sc_{n}") for n in ("l1", "l2", "f1", "f2"))
+        live1 = Signal(P)
+        j = Signal(range(bld.max_width + 1))
+        score = Signal(32)
+        s.in_flight.append(v1 | v2 | v3)
+        scoring = on & ~s.dense
+        with m.If(scoring):
+            m.d.comb += s.gmem.rd.addr.eq(s.addr["g"])
+        m.d.sync += [v1.eq(s.issue & scoring), first1.eq(s.first[3]), last1.eq(s.last[3]),
+                     live1.eq(Mux(s.last[3], s.thermo, s.all_lanes))]
+        mags = [Mux(live1[i], abs(s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()), 0)
+                for i in range(P)]
+        total = Signal(score.shape())
+        m.d.sync += [v2.eq(v1), first2.eq(first1), last2.eq(last1), total.eq(tree_sum(mags))]
+        with m.If(v1 & ~s.random):
+            m.d.sync += s.count("grad_reads", popcount(live1))
+        with m.If(v2):
+            m.d.sync += score.eq(Mux(first2, 0, score) + total)
+        m.d.sync += v3.eq(v2 & last2)
+        if s.has_ssprop:
+            sel = s.sel
+            m.d.comb += [sel.channels.eq(s.N), sel.keep.eq(s.keep)]
+            with m.If(v3):
+                m.d.comb += [sel.score_index.eq(j), sel.score_we.eq(1),
+                             sel.score_data.eq(Mux(s.random, s.lfsr_state, score))]
+                m.d.sync += j.eq(j + 1)
+            if hasattr(s, "lfsr"):
+                m.d.comb += s.lfsr.step.eq(v2 & last2 & s.random)
+        # after the walk: the selector, then the kept list
+        lj = Signal(range(bld.max_width + 1))
+        lj_valid = Signal()
+        jk = Signal(self.w_bits + 1)
+        kept_bit = Signal()
+        with m.FSM(name="select_steps"):
+            with m.State("WALK"):
+                with m.If(on & s.phase_started):
+                    m.d.sync += [j.eq(0), lj.eq(0), lj_valid.eq(0), jk.eq(0),
+                                 s.kept_count.eq(0)]
+                    m.next = "SCORES"
+            with m.State("SCORES"):
+                with m.If(~s.busy | s.fault):
+                    m.next = "WALK"
+                with m.Elif(~s.nest.busy & ~s.nest.valid & ~(v1 | v2 | v3)):
+                    if s.has_ssprop:
+                        m.d.comb += s.sel.start.eq(1)
+                        m.next = "CHOOSE"
+                    else:
+                        m.next = "LIST"
+            if s.has_ssprop:
+                with m.State("CHOOSE"):
+                    with m.If(s.sel.done):
+                        m.next = "LIST"
+                    with m.If(~s.busy):
+                        m.next = "WALK"
+            with m.State("LIST"):
+                # channel lj's mask bit is read this cycle, the previous one's arrives
+                if s.has_ssprop:
+                    m.d.comb += [s.sel.kept_index.eq(lj), kept_bit.eq(s.sel.kept)]
+                else:
+                    m.d.comb += kept_bit.eq(1)
+                m.d.sync += [lj.eq(lj + 1), lj_valid.eq(lj < s.N)]
+                with m.If(lj_valid):
+                    with m.If(kept_bit):
+                        m.d.comb += [s.k_wr.addr.eq(s.kept_count),
+                                     s.k_wr.data.eq(Cat((lj - 1)[:self.width_bits],
+                                                        jk[:self.w_bits])),
+                                     s.k_wr.en.eq(1)]
+                        m.d.sync += s.kept_count.eq(s.kept_count + 1)
+                    m.d.sync += jk.eq(jk + s.K)
+                with m.If(~lj_valid & (lj > s.N)):
+                    m.d.comb += s.select_done.eq(1)
+                    m.next = "WALK"
+
+    # ---------------------------------------------------------------- input gradient
+    def _input_grad(self, m, s):
+        P = s.P
+        on = s.is_["input_grad"]
+        with m.If(on & s.nest.valid & s.last[3] & (s.reserve != 0)):
+            m.d.comb += s.stall.eq(1)
+        with m.If(s.issue & on & s.last[3]):
+            m.d.sync += s.reserve.eq(P)
+        i1 = _Stage(m, "ig1", P, len(s.addr["w"]), len(s.addr["o"]))
+        g1 = Signal(len(s.addr["g"]))
+        i2 = _Stage(m, "ig2", P, 0, len(s.addr["o"]))
+        i3 = _Stage(m, "ig3", P, 0, len(s.addr["o"]))
+        i4 = _Stage(m, "ig4", P, 0, len(s.addr["o"]))
+        i5 = _Stage(m, "ig5", P, 0, len(s.addr["o"]))
+        relu = Signal(P)                    # the lanes whose activation is positive, per (s, k)
+        on2 = Signal(P)
+        relu2, relu3, relu4, relu5 = (Signal(P, name=f"ig_relu{n}") for n in range(2, 6))
+        s.in_flight.append(i1.valid | i2.valid | i3.valid | i4.valid | i5.valid)
+        with m.If(on):
+            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
+        m.d.sync += [i1.valid.eq(s.issue & on), i1.first.eq(s.first[3]), i1.last.eq(s.last[3]),
+                     i1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]), i1.o.eq(s.addr["o"]),
+                     i1.live.eq(Mux(s.last[1], s.thermo, s.all_lanes))]
+        # t+1: the kept channel's j and j*K; the activation word's signs at the first c
+        positive = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
+        relu_now = Mux(i1.first, positive, relu)
+        with m.If(i1.valid & i1.first):
+            m.d.sync += [relu.eq(positive), s.count("act_reads", popcount(i1.live))]
+        on1 = i1.live & Mux(self.zero_skip, relu_now, s.all_lanes)
+        w_final = i1.w + s.kept_jk
+        g_final = g1 + s.kept_j
+        with m.If(i1.valid):
+            m.d.comb += [s.w_rd.addr.eq(w_final), s.w_rd.en.eq(on1 != 0),
+                         s.gmem.rd.addr.eq(g_final)]
+            with m.If((w_final >= self.weight_depth) | (g_final >= self.build.grad_words)):
+                m.d.comb += s.bad_address.eq(1)
+        m.d.sync += [i2.valid.eq(i1.valid & ~s.bad_address), i2.first.eq(i1.first),
+                     i2.last.eq(i1.last),
+                     i2.o.eq(i1.o), i2.live.eq(i1.live), on2.eq(on1), relu2.eq(relu_now)]
+        # t+2: W[j, k] to every lane with its sample's dY[b, j]
+        with m.If(i2.valid):
+            for i in range(P):
+                m.d.comb += [s.lanes.operand_a(i).eq(s.w_rd.data.as_signed()),
+                             s.lanes.operand_b(i).eq(
+                                 s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed())]
+            m.d.comb += s.lanes.b_zero.eq(~on2)
+            m.d.sync += [s.count("mac_input_grad", popcount(on2)),
+                         s.count("skip_zero", popcount(i2.live & ~on2)),
+                         s.count("weight_reads", on2 != 0),
+                         s.count("grad_lane_reads", popcount(on2))]
+        s.chain(m, i2, i3)
+        s.chain(m, i3, i4)
+        m.d.sync += [relu3.eq(relu2), relu4.eq(relu3), i5.valid.eq(i4.valid & i4.last),
+                     i5.o.eq(i4.o), i5.live.eq(i4.live), relu5.eq(relu4)]
+        with m.If(i4.valid):
+            m.d.comb += [s.lanes.acc_add.eq(s.all_lanes), s.lanes.acc_first.eq(i4.first)]
+        # t+5: the sums into the snapshot; the drain writes a lane a cycle
+        d_busy = Signal()
+        d_lane = Signal(range(P + 1))
+        d_relu, d_live = Signal(P), Signal(P)
+        d_addr = Signal(len(s.addr["o"]))
+        s.in_flight.append(d_busy)
+        with m.If(i5.valid):
+            m.d.comb += s.lanes.snap.eq(1)
+            m.d.sync += [d_busy.eq(1), d_lane.eq(0), d_relu.eq(relu5), d_live.eq(i5.live),
+                         d_addr.eq(i5.o)]
+        dx = Mux(d_relu[0], clamp_signed(s.lanes.head, spec.DX_BITS), 0)
+        with m.If(d_busy):
+            m.d.comb += [s.lanes.snap_shift.eq(1), s.req.dx.eq(dx), s.req.track.eq(d_live[0])]
+            with m.If(d_live[0]):
+                with m.If(d_addr + d_lane < self.build.scratch_entries):
+                    m.d.comb += [s.s_wr.addr.eq(d_addr + d_lane), s.s_wr.data.eq(dx),
+                                 s.s_wr.en.eq(1)]
+                with m.Else():
+                    m.d.sync += s.fault.eq(1)
+                m.d.sync += s.count("grad_writes")
+            m.d.sync += [d_lane.eq(d_lane + 1), d_relu.eq(d_relu >> 1), d_live.eq(d_live >> 1)]
+            with m.If(d_lane == P - 1):
+                m.d.sync += d_busy.eq(0)
+
+    # ---------------------------------------------------------------- requantize
+    def _requant(self, m, s):
+        P, LOGP = s.P, self.logp
+        on = s.is_["requant"]
+        stages = [(Signal(name=f"rq{n}_valid"), Signal(len(s.addr["o"]), name=f"rq{n}_o"),
+                   Signal(range(P), name=f"rq{n}_lane")) for n in range(1, 5)]
+        s.in_flight.append(Cat(*[v for v, _, _ in stages]) != 0)
+        with m.If(on):
+            m.d.comb += s.s_rd.addr.eq(s.addr["a"])
+        v1, o1, lane1 = stages[0]
+        m.d.sync += [v1.eq(s.issue & on), o1.eq(s.addr["o"]), lane1.eq(s.addr["a"][:LOGP])]
+        for (va, oa, la), (vb, ob, lb) in zip(stages, stages[1:]):
+            m.d.sync += [vb.eq(va), ob.eq(oa), lb.eq(la)]
+        with m.If(v1):
+            m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(s.s_rd.data),
+                         s.shifter.shift.eq(s.req.shift)]
+            m.d.sync += s.count("grad_reads")
+        v4, o4, lane4 = stages[3]
+        with m.If(v4):
+            self._grad_write(m, s, o4, lane4, s.req.dy)
+
+    # ---------------------------------------------------------------- weight gradient
+    def _weight_grad(self, m, s):
+        """The weight gradient of (j, k) across the lanes and blocks; PSG's passes."""
+        P = s.P
+        on = s.gradish
+        low_mode = s.is_["psg_max"] | (self.psg & ~s.pass1_at)
+        # t: the kept channel (c_idx) and the activation word
+        w1 = _Stage(m, "wg1", P, len(s.addr["w"]), 0)
+        g1 = Signal(len(s.addr["g"]))
+        p1, low1 = Signal(name="wg1_pass"), Signal(name="wg1_low")
+        # the second pass's first step waits for the decision of the first
+        pass1 = s.last[dataflow.PASS_LEVEL] & (s.passes == 2)
+        with m.If(on & s.nest.valid & pass1 & s.first[3] & ~s.decided):
+            m.d.comb += s.stall.eq(1)
+        with m.If(s.issue & on & pass1 & s.first[3]):
+            m.d.sync += s.decided.eq(0)
+        m.d.comb += s.pass1_at.eq(pass1)
+        with m.If(on):
+            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
+        m.d.sync += [w1.valid.eq(s.issue & on), w1.first.eq(s.first[3]), w1.last.eq(s.last[3]),
+                     w1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]),
+                     w1.live.eq(Mux(s.last[3], s.thermo, s.all_lanes)),
+                     p1.eq(pass1), low1.eq(low_mode)]
+        # t+1: dY's word of the kept channel; the gated lanes
+        g_final = g1 + s.kept_j
+        w_final = w1.w + s.kept_jk
+        nonzero = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
+        skipped = p1 & s.confident          # a confident (j, k): no second pass
+        on1 = Mux(skipped, 0, w1.live & Mux(self.zero_skip, nonzero, s.all_lanes))
+        with m.If(w1.valid):
+            m.d.comb += s.gmem.rd.addr.eq(g_final)
+            with m.If((w_final >= self.weight_depth) | (g_final >= self.build.grad_words)):
+                m.d.comb += s.bad_address.eq(1)
+        w2 = _Stage(m, "wg2", P, len(s.addr["w"]), 0)
+        on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
+        p2, low2, skip2 = Signal(name="wg2_pass"), Signal(name="wg2_low"), Signal(name="wg2_skip")
+        m.d.sync += [w2.valid.eq(w1.valid & ~s.bad_address), w2.first.eq(w1.first),
+                     w2.last.eq(w1.last),
+                     w2.w.eq(w_final), w2.live.eq(w1.live), on2.eq(on1),
+                     act2.eq(s.amem.rd.data), p2.eq(p1), low2.eq(low1), skip2.eq(skipped)]
+        # t+2: operands: dY[b, j] and A[b, k], or their high bits (PSG's prediction)
+        with m.If(w2.valid):
+            for i in range(P):
+                dy = s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()
+                a = act2.word_select(i, spec.ACT_BITS)
+                mag = (abs(dy) >> (spec.GRAD_BITS - spec.PSG_GRAD_MSBS)).as_signed()
+                hi_dy = Mux(dy < 0, -mag, mag)
+                hi_a = a >> (spec.ACT_BITS - spec.PSG_ACT_MSBS)
+                m.d.comb += [s.lanes.operand_a(i).eq(Mux(low2, hi_dy, dy)),
+                             s.lanes.operand_b(i).eq(Mux(low2, hi_a, a))]
+            m.d.comb += s.lanes.b_zero.eq(~on2)
+            with m.If(~skip2):
+                lanes_live = popcount(w2.live)
+                with m.If(low2):
+                    m.d.sync += [s.count("mac_weight_grad_low", popcount(on2)),
+                                 s.count("act_msb_reads", lanes_live),
+                                 s.count("grad_msb_lane_reads", popcount(on2))]
+                with m.Else():
+                    m.d.sync += [s.count("mac_weight_grad", popcount(on2)),
+                                 s.count("act_reads", lanes_live),
+                                 s.count("grad_lane_reads", popcount(on2))]
+            # zero skips: once per (j, k), in its first pass (not in psg_max)
+            with m.If(~p2 & s.is_["weight_grad"]):
+                m.d.sync += s.count("skip_zero", popcount(w2.live & ~on2))
+        # t+3, t+4: the products; the tree's sum registered at t+5
+        stages = [(Signal(name=f"wg{n}_valid"), Signal(name=f"wg{n}_first"),
+                   Signal(name=f"wg{n}_last"), Signal(len(s.addr["w"]), name=f"wg{n}_w"),
+                   Signal(name=f"wg{n}_pass"), Signal(name=f"wg{n}_low"),
+                   Signal(range(P + 1), name=f"wg{n}_on")) for n in range(3, 6)]
+        m.d.sync += [a.eq(b) for a, b in zip(stages[0], (w2.valid, w2.first, w2.last, w2.w,
+                                                         p2, low2, popcount(on2)))]
+        for sa, sb in zip(stages, stages[1:]):
+            m.d.sync += [b.eq(a) for a, b in zip(sa, sb)]
+        s.in_flight.append(w1.valid | w2.valid | Cat(*[st[0] for st in stages]) != 0)
+        v4, f4, l4, wa4, pa4, lo4, on4 = stages[1]
+        v5, f5, l5, wa5, pa5, lo5, on5 = stages[2]
+        tree = Signal(signed(s.LACC), name="wg_tree")
+        m.d.sync += tree.eq(tree_sum([s.lanes.product(i) for i in range(P)]))
+        # t+5: accumulate over the sample blocks; the live MACs of the first pass
+        G = Signal(signed(s.LACC), name="wg_sum")
+        g_now = Mux(f5, 0, G) + tree
+        macs = Signal(range(self.build.max_batch * 2 + 1))
+        macs_now = Mux(f5, 0, macs) + on5
+        with m.If(v5):
+            m.d.sync += [G.eq(g_now), macs.eq(macs_now)]
+        # the end of a pass over the samples of (j, k)
+        with m.If(v5 & l5):
+            with m.If(s.is_["psg_max"]):
+                with m.If(abs(g_now) > s.largest):
+                    m.d.sync += s.largest.eq(abs(g_now))
+            with m.Elif(self.psg & ~pa5):
+                # the prediction: confident where |pred| > tau (the sign steps it next pass)
+                sure = abs(g_now) > s.tau
+                m.d.sync += [s.confident.eq(sure), s.pred_negative.eq(g_now < 0),
+                             s.decided.eq(1)]
+                with m.If(sure):
+                    m.d.sync += s.count("skip_psg", macs_now)
+            with m.Else():
+                m.d.comb += [s.upd_start.eq(1), s.upd_addr.eq(wa5), s.upd_value.eq(g_now)]
+
+    # ---------------------------------------------------------------- update
+    def _update(self, m, s):
+        """W[j, k] from its gradient: SGD W - round_shift(G, shift), or PSG's sign step
+        W - sign * 2**step; only a changed weight is written."""
+        u1, u2, u3 = (Signal(name=f"up{n}_valid") for n in range(1, 4))
+        a1, a2, a3 = (Signal(self.w_bits, name=f"up{n}_addr") for n in range(1, 4))
+        neg1, neg2 = Signal(), Signal()
+        new3 = Signal(spec.WEIGHT_BITS)
+        changed3 = Signal()
+        s.in_flight.append(u1 | u2 | u3)
+        with m.If(s.upd_start & ~self.psg):
+            m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(s.upd_value),
+                         s.shifter.shift.eq(s.upd_shift)]
+        sign_negative = Mux(s.confident, s.pred_negative, s.upd_value < 0)
+        m.d.sync += [u1.eq(s.upd_start), a1.eq(s.upd_addr), neg1.eq(sign_negative),
+                     u2.eq(u1), a2.eq(a1), neg2.eq(neg1), u3.eq(u2), a3.eq(a2)]
+        # u1: read the weight; u2: the new weight
+        with m.If(u1):
+            m.d.comb += [s.w_rd.addr.eq(a1), s.w_rd.en.eq(1)]
+            m.d.sync += s.count("weight_reads")
+        old = s.w_rd.data.as_signed()
+        step = Const(1, signed(spec.WEIGHT_BITS + 2)) << self.psg_step_shift
+        sgd = old - s.shifter.out
+        # PSG: the sign of the prediction where confident, else of the full gradient (0: none)
+        zero = s.zero_grad2
+        sign_step = Mux(zero, 0, Mux(neg2, -step, step))
+        new = clamp_signed(Mux(self.psg, old - sign_step, sgd), spec.WEIGHT_BITS)
+        m.d.sync += [u3.eq(u2), new3.eq(new), changed3.eq(new != old)]
+        z1 = Signal()
+        m.d.sync += [z1.eq(~s.confident & (s.upd_value == 0)), zero.eq(z1)]
+        with m.If(u3 & changed3):
+            m.d.comb += [s.w_wr.addr.eq(a3), s.w_wr.data.eq(new3), s.w_wr.en.eq(1)]
+            m.d.sync += s.count("weight_writes")
+
+    # ---------------------------------------------------------------- the program runner
+    def _runner(self, m, s):
+        bld = self.build
+        ld = Signal(range(dataflow.PHASE_WORDS + 1))
+        booked = Signal()                   # the select phase's bookkeeping is done
+        trained = Signal()                  # the program ran a loss phase: a training step
+        m.d.comb += s.prog_rd.addr.eq(s.pc + ld)
+        # the phase's program words into its registers: word i arrives when ld = i + 1
+        targets = [None] * (dataflow.HEADER_WORDS + LEVELS // 2)
+        for g in s.gens:
+            targets += [s.bases[g]] + s.deltas[g]
+        word = s.prog_rd.data
+        layer_bit = (self.update_mask >> s.layer)[0]
+        below = (self.update_mask & ((Const(1, bld.max_layers + 1) << s.layer) - 1)) != 0
+        wgrad, igrad = layer_bit, (s.layer != 0) & below
+        need = {"w": wgrad, "x": igrad}
+        runs = Const(1)
+        for kind, needs in dataflow.BACKWARD_KINDS.items():
+            runs = Mux(s.is_[kind], Cat(*[need[n] for n in needs]).any(), runs)
+        known = Cat(*[s.is_[k] for k in dataflow.KINDS if k != "end"]).any()
+        # the layer's bulk skips (SLU, ssProp), counted at its select phase
+        full = Signal(range((bld.max_batch * bld.max_width ** 2) + 1))
+        nk = Signal(range(bld.max_width ** 2 + 1))
+        keep_raw = Signal(range(bld.max_width * spec.KEEP_ONE + 1))
+        with m.FSM(name="runner"):
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [s.busy.eq(1), s.fault.eq(0), s.pc.eq(0), ld.eq(0),
+                                 s.correct.eq(0), s.correction.eq(0), s.pending.eq(0)]
+                    m.d.sync += [e.eq(0) for e in s.events.values()]
+                    m.d.sync += [c.eq(0) for c in self.kind_cycles.values()]
+                    if hasattr(s, "lfsr"):
+                        m.d.comb += [s.lfsr.load.eq(1), s.lfsr.seed.eq(self.lfsr_seed)]
+                    m.next = "LOAD"
+            with m.State("LOAD"):
+                m.d.sync += ld.eq(ld + 1)
+                with m.Switch(ld):
+                    for w in range(dataflow.HEADER_WORDS):
+                        with m.Case(1 + w):
+                            for name, (at, off, width) in dataflow.HEADER_FIELDS.items():
+                                if at == w:
+                                    m.d.sync += s.header[name].eq(word[off:off + width])
+                    for i in range(LEVELS // 2):
+                        with m.Case(1 + dataflow.HEADER_WORDS + i):
+                            m.d.sync += [s.bounds[2 * i].eq(word[:dataflow.BOUND_BITS]),
+                                         s.bounds[2 * i + 1].eq(word[dataflow.BOUND_BITS:])]
+                    for i, reg in enumerate(targets):
+                        if reg is not None:
+                            with m.Case(i + 1):
+                                m.d.sync += reg.eq(word)
+                with m.If(ld == dataflow.HEADER_WORDS + 1):
+                    # the header is in: the end, a kind this core refuses, a layer to skip
+                    with m.If(s.is_["end"]):
+                        m.next = "FINISH"
+                    with m.Elif(~known):
+                        m.d.sync += s.fault.eq(1)
+                        m.next = "FINISH"
+                    with m.Elif(s.is_["select"] & ~booked):
+                        m.next = "BOOK"
+                    with m.Elif(~runs):
+                        m.next = "NEXT"
+                with m.If(ld == dataflow.PHASE_WORDS):
+                    m.next = "START"
+            with m.State("BOOK"):
+                # a layer's backward pass begins: the correction of the layer above, and
+                # its bulk skips: batch * N * K for each pass SLU leaves out, and
+                # batch * (N - keep) * K for each pass ssProp thins
+                m.d.sync += [s.correction.eq(s.correction + s.pending), s.pending.eq(0),
+                             nk.eq(s.N * s.K), keep_raw.eq(s.N * self.keep_q8)]
+                m.next = "BOOK2"
+            with m.State("BOOK2"):
+                keep = Mux(self.keep_q8 >= spec.KEEP_ONE, s.N,
+                           Mux(keep_raw[8:] == 0, 1, keep_raw[8:]))
+                m.d.sync += [full.eq(self.batch * nk), s.keep.eq(keep if s.has_ssprop else s.N)]
+                m.next = "BOOK3"
+            with m.State("BOOK3"):
+                m.d.sync += [s.count("skip_slu", Mux(wgrad, 0, full) + Mux(igrad | (s.layer == 0),
+                                                                          0, full))]
+                dropped = Signal.like(full)
+                m.d.comb += dropped.eq(self.batch * (s.N - s.keep) * s.K)
+                with m.If(wgrad | igrad):
+                    m.d.sync += s.count("skip_ssprop", Mux(wgrad & igrad, dropped << 1, dropped))
+                m.next = "BOOK4"
+            with m.State("BOOK4"):
+                # the select phase runs if either pass does: its words again from the start
+                m.d.sync += [ld.eq(0), booked.eq(1)]
+                with m.If(runs):
+                    m.next = "LOAD"
+                with m.Else():
+                    m.next = "NEXT"
+            with m.State("START"):
+                m.d.comb += [s.nest.start.eq(1), s.phase_started.eq(1)]
+                m.d.sync += [s.c_idx.eq(0), s.decided.eq(0), s.confident.eq(0)]
+                with m.If(s.is_["input_grad"]):
+                    m.d.comb += s.req.clear.eq(1)
+                with m.If(s.is_["requant"]):
+                    m.d.comb += s.req.latch.eq(1)
+                with m.If(s.is_["psg_max"]):
+                    m.d.sync += s.largest.eq(0)
+                with m.If(s.is_["loss"]):
+                    m.d.sync += trained.eq(1)
+                m.next = "RUN"
+            with m.State("RUN"):
+                with m.If(s.nest_done):
+                    with m.If(s.nest.fault):
+                        m.d.sync += s.fault.eq(1)
+                        m.next = "DRAIN"
+                    with m.Elif(~s.is_["select"]):
+                        m.next = "DRAIN"
+                with m.If(s.select_done):
+                    m.next = "DRAIN"
+                with m.If(s.fault):
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                with m.If(~s.busy_units):
+                    with m.If(s.is_["requant"]):
+                        m.d.sync += s.pending.eq(spec.WEIGHT_FRAC_BITS - s.req.shift)
+                    with m.If(s.is_["psg_max"]):
+                        m.d.sync += s.tau_relative.eq(s.largest >> self.psg_tau[:6])
+                    m.next = "NEXT"
+            with m.State("NEXT"):
+                m.d.sync += [s.pc.eq(s.pc + dataflow.PHASE_WORDS), ld.eq(0), booked.eq(0)]
+                with m.If(s.fault):
+                    m.next = "FINISH"
+                with m.Else():
+                    m.next = "LOAD"
+            with m.State("FINISH"):
+                m.d.sync += [s.busy.eq(0), trained.eq(0)]
+                with m.If(trained & ~s.fault):
+                    m.d.sync += [s.count("batches"), s.count("samples", self.batch)]
+                m.next = "IDLE"
+        for kind, cycles in self.kind_cycles.items():
+            with m.If(s.busy & s.is_[kind]):
+                m.d.sync += cycles.eq(cycles + 1)
+        # a step whose kept channel leaves a memory: the walk stops, the step dies in its
+        # stage (nothing is read or written for it), the run ends after the drain
+        with m.If(s.bad_address):
+            m.d.comb += s.abort.eq(1)
+            m.d.sync += s.fault.eq(1)
+        m.d.comb += [self.busy.eq(s.busy), self.fault.eq(s.fault), self.correct.eq(s.correct),
+                     s.busy_units.eq(Cat(*s.in_flight).any())]
+
+
+class _Core:
+    """The signals the core's parts share."""
+
+    def __init__(self, m, engine):
+        bld = engine.build
+        self.P = bld.lanes
+        self.gens = dataflow.GENERATORS
+        self.events = engine.events
+        self.busy, self.fault = Signal(), Signal()
+        self.pc = Signal(ceil_log2(dataflow.PROGRAM_WORDS + 1))
+        self.correct = Signal(range(bld.max_batch + 1))
+        self.in_flight = []
+        self.busy_units = Signal()
+        self.reserve = Signal(range(self.P + SNAP_LATENCY))
+        with m.If(self.reserve != 0):
+            m.d.sync += self.reserve.eq(self.reserve - 1)
+        self.phase_started = Signal()
+        self.nest_done = Signal()
+        self.select_done = Signal()
+        self.bad_address = Signal()
+        self.loss_lane = Signal(range(self.P))
+        self.keep = Signal(range(bld.max_width + 1))
+        self.dense = Signal()
+        self.random = Signal()
+        self.lfsr_state = Signal(16)
+        # the update-shift correction (WEIGHT_FRAC_BITS - dX shift of each layer above)
+        span = bld.max_layers * max(spec.WEIGHT_FRAC_BITS, spec.DX_SHIFT_MAX) + 1
+        self.correction = Signal(range(-span, span))
+        self.pending = Signal(range(-span, span))
+        self.upd_shift = Signal(range(spec.UPDATE_SHIFT_MAX + 1))
+        shift = engine.lr_shift + self.correction
+        m.d.comb += self.upd_shift.eq(Mux(shift < 0, 0, Mux(shift > spec.UPDATE_SHIFT_MAX,
+                                                             spec.UPDATE_SHIFT_MAX, shift)))
+        # PSG: the decision of the (j, k) in flight; the relative threshold
+        self.decided, self.confident, self.pred_negative = Signal(), Signal(), Signal()
+        self.pass1_at = Signal()
+        lacc = max(bld.lane_acc_bits(), bld.dx_acc_bits())
+        self.largest = Signal(lacc)
+        self.tau_relative = Signal(lacc)
+        self.tau = Signal(max(lacc, 32))
+        m.d.comb += self.tau.eq(Mux(engine.psg_relative, self.tau_relative, engine.psg_tau))
+        self.upd_start = Signal()
+        self.upd_addr = Signal(engine.w_bits)
+        self.upd_value = Signal(signed(lacc))
+        self.zero_grad2 = Signal()
+
+    def count(self, name, amount=1):
+        ev = self.events[name]
+        return ev.eq(ev + amount)
+
+    @staticmethod
+    def chain(m, a, b):
+        m.d.sync += [b.valid.eq(a.valid), b.first.eq(a.first), b.last.eq(a.last),
+                     b.o.eq(a.o), b.live.eq(a.live)]
+
+
+class _Stage:
+    """The flags and addresses one pipeline stage carries."""
+
+    def __init__(self, m, name, lanes, w_bits, o_bits):
+        self.valid = Signal(name=f"{name}_valid")
+        self.first = Signal(name=f"{name}_first")
+        self.last = Signal(name=f"{name}_last")
+        self.w = Signal(max(w_bits, 1), name=f"{name}_w")
+        self.o = Signal(max(o_bits, 1), name=f"{name}_o")
+        self.live = Signal(max(lanes, 1), name=f"{name}_live")

@@ -1,0 +1,253 @@
+"""Engine v2's infer slice (ember_hw.sample_engine.SampleEngine) in the Amaranth simulator
+against its golden twin ember.dataflow.execute and the golden model: on random networks,
+batches (a partial last sample block included) and data, the predictions are
+GoldenModel.infer's and every event count is the executor's; a program the engine must
+refuse (an address outside its memory, a bound of 0, an unknown kind) stops with `fault`
+before the access."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ember import dataflow, golden, program, spec
+from ember_hw.sample_engine import EVENTS, SampleEngine
+
+from engine_harness import run_testbench
+
+SMALL = spec.Build(name="small", lanes=4, weight_words=256, act_bytes=512, grad_words=64,
+                   scratch_entries=256, max_batch=16, max_layers=4, max_width=32)
+SETTINGS = ("batch", "update_mask", "lr_shift", "zero_skip", "psg", "psg_relative", "psg_tau",
+            "psg_step_shift", "keep_q8", "ssprop_random", "lfsr_seed")
+
+
+def fits(layers, build, batch):
+    try:
+        dataflow.check_fits(layers, build, batch)
+        return True
+    except spec.ConfigError:
+        return False
+
+
+def random_case(rng, build):
+    layers = [int(rng.integers(2, build.max_width + 1))
+              for _ in range(int(rng.integers(2, build.max_layers + 2)))]
+    batch = int(rng.integers(1, build.max_batch + 1))
+    S = dataflow.sample_blocks(build, batch)
+    # shrink until it fits the small build's memories
+    while not fits(layers, build, batch):
+        layers = [max(2, v // 2) for v in layers]
+    # a third of the cases with weights over the whole int16 range: the largest sums (the
+    # accumulators' widths)
+    span = 1 << 15 if rng.random() < 0.3 else 6000
+    weights = [rng.integers(-span, span, (n, k)).astype(np.int16)
+               for k, n in zip(layers[:-1], layers[1:])]
+    shifts = [spec.HIDDEN_SHIFT] * (len(layers) - 2) + [spec.OUTPUT_SHIFT]
+    x = rng.integers(0, 256, (batch, layers[0]))
+    x[rng.random(x.shape) < 0.3] = 0
+    return layers, batch, weights, shifts, x
+
+
+async def load_and_run(ctx, dut, words, layers, weights, batch, x, build, cycles=400_000,
+                       y=None, settings=None):
+    P = build.lanes
+    wbase, _, _ = dataflow.layout(layers, build, batch)
+    for i, word in enumerate(words):
+        ctx.set(dut.prog_wr_addr, i)
+        ctx.set(dut.prog_wr_data, word)
+        ctx.set(dut.prog_wr_en, 1)
+        await ctx.tick()
+    ctx.set(dut.prog_wr_en, 0)
+    for base, w in zip(wbase, weights):
+        for i, v in enumerate(w.ravel()):
+            ctx.set(dut.w_wr_addr, base + i)
+            ctx.set(dut.w_wr_data, int(v) & 0xFFFF)
+            ctx.set(dut.w_wr_en, 1)
+            await ctx.tick()
+    ctx.set(dut.w_wr_en, 0)
+    K = layers[0]
+    for b in range(batch):
+        s, p = divmod(b, P)
+        for k in range(K):
+            ctx.set(dut.act_wr_addr, (s * K + k) * P + p)
+            ctx.set(dut.act_wr_data, int(x[b, k]))
+            ctx.set(dut.act_wr_en, 1)
+            await ctx.tick()
+    ctx.set(dut.act_wr_en, 0)
+    for b, label in enumerate([] if y is None else y):
+        ctx.set(dut.label_wr_addr, b)
+        ctx.set(dut.label_wr_data, int(label))
+        ctx.set(dut.label_wr_en, 1)
+        await ctx.tick()
+    ctx.set(dut.label_wr_en, 0)
+    settings = settings or spec.StepSettings(zero_skip=True)
+    for name in SETTINGS:
+        value = batch if name == "batch" else getattr(settings, name)
+        if name == "update_mask":
+            value = sum(int(v) << i for i, v in enumerate(settings.mask(len(layers) - 1)))
+        ctx.set(getattr(dut, name), int(value))
+    ctx.set(dut.start, 1)
+    await ctx.tick()
+    ctx.set(dut.start, 0)
+    run_cycles = 0
+    while ctx.get(dut.busy):
+        await ctx.tick()
+        run_cycles += 1
+        assert run_cycles < cycles, "the engine did not finish"
+    preds = []
+    for b in range(batch):
+        ctx.set(dut.pred_rd_addr, b)
+        await ctx.tick()
+        preds.append(ctx.get(dut.pred_rd_data))
+    events = {name: ctx.get(dut.events[name]) for name in EVENTS}
+    if y is not None:
+        weights_out = []
+        for base, w in zip(wbase, weights):
+            flat = []
+            for i in range(w.size):
+                ctx.set(dut.w_rd_addr, base + i)
+                await ctx.tick()
+                v = ctx.get(dut.w_rd_data)
+                flat.append(v - (1 << 16) if v >= 1 << 15 else v)
+            weights_out.append(np.array(flat, dtype=np.int16).reshape(w.shape))
+        return weights_out, events, run_cycles, ctx.get(dut.correct)
+    return preds, events, run_cycles
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_infer_matches_the_executor_and_the_golden_model(seed):
+    rng = np.random.default_rng(seed)
+    layers, batch, weights, shifts, x = random_case(rng, SMALL)
+    g = golden.GoldenModel(SMALL)
+    g.configure(layers, shifts)
+    g.load_weights(weights)
+    expect = g.infer(x)
+    mem = dataflow.Memories(SMALL)
+    mem.load_network(layers, weights, batch)
+    mem.load_inputs(x)
+    phases = dataflow.infer_program(layers, SMALL, batch, shifts)
+    counts, _ = dataflow.execute(phases, mem)
+    dut = SampleEngine(SMALL)
+    out = {}
+
+    async def bench(ctx):
+        out["preds"], out["events"], out["cycles"] = await load_and_run(
+            ctx, dut, dataflow.encode(phases, SMALL), layers, weights, batch, x, SMALL)
+        out["fault"] = ctx.get(dut.fault)
+
+    run_testbench(dut, bench)
+    assert not out["fault"]
+    assert out["preds"] == [int(v) for v in expect], (layers, batch)
+    assert out["events"] == {name: counts[name] for name in EVENTS}
+
+
+def fault_after(phases, build, layers, weights, batch, x):
+    dut = SampleEngine(build)
+    out = {}
+
+    async def bench(ctx):
+        out["preds"], out["events"], _ = await load_and_run(
+            ctx, dut, dataflow.encode(phases, build), layers, weights, batch, x, build)
+        out["fault"] = ctx.get(dut.fault)
+
+    run_testbench(dut, bench)
+    return out
+
+
+def test_a_program_that_leaves_a_memory_faults_before_the_access():
+    rng = np.random.default_rng(3)
+    layers, batch, weights, shifts, x = [8, 4, 3], 5, None, None, None
+    weights = [rng.integers(-999, 999, (n, k)).astype(np.int16)
+               for k, n in zip(layers[:-1], layers[1:])]
+    shifts = [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT]
+    x = rng.integers(1, 256, (batch, layers[0]))
+    phases = dataflow.infer_program(layers, SMALL, batch, shifts)
+    # the first layer's outputs written past the end of the activation memory
+    bad = phases[0]
+    bases = dict(bad.nest.bases, o=SMALL.act_bytes // SMALL.lanes - 2)
+    phases[0] = dataclasses.replace(bad, nest=program.Nest(bad.bounds, bases, bad.nest.strides))
+    out = fault_after(phases, SMALL, layers, weights, batch, x)
+    assert out["fault"]
+    # nothing after the faulting phase ran: no prediction was made
+    assert out["events"]["infer_samples"] == 0
+
+
+@pytest.mark.parametrize("damage", ["zero_bound", "unknown_kind"])
+def test_a_malformed_phase_faults(damage):
+    layers, batch = [6, 5, 4], 3
+    rng = np.random.default_rng(4)
+    weights = [rng.integers(-999, 999, (n, k)).astype(np.int16)
+               for k, n in zip(layers[:-1], layers[1:])]
+    x = rng.integers(0, 256, (batch, layers[0]))
+    phases = dataflow.infer_program(layers, SMALL, batch, [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT])
+    words = dataflow.encode(phases, SMALL)
+    if damage == "zero_bound":
+        words[dataflow.HEADER_WORDS] &= ~0xFFFF  # level 0's bound of the first phase
+    else:
+        words[0] = (words[0] & ~0xF) | 0xE  # a kind the engine does not know
+    dut = SampleEngine(SMALL)
+    out = {}
+
+    async def bench(ctx):
+        out["preds"], out["events"], _ = await load_and_run(ctx, dut, words, layers, weights,
+                                                            batch, x, SMALL)
+        out["fault"] = ctx.get(dut.fault)
+
+    run_testbench(dut, bench)
+    assert out["fault"]
+    assert out["events"]["mac_forward"] == 0 and out["events"]["infer_samples"] == 0
+
+
+def random_settings(rng, n_layers, build):
+    return spec.StepSettings(
+        update_mask=(tuple(bool(v) for v in rng.integers(0, 2, n_layers))
+                     if rng.random() < 0.5 else None),
+        zero_skip=bool(rng.integers(0, 2)), psg=bool(rng.integers(0, 2)),
+        psg_relative=bool(rng.integers(0, 2)), psg_tau=int(rng.integers(0, 5)),
+        keep_q8=int(rng.choice([256, 200, 128, 64])), ssprop_random=bool(rng.integers(0, 2)),
+        lfsr_seed=int(rng.integers(1, 1 << 16)), lr_shift=int(rng.integers(4, 14)))
+
+
+#: Builds of 2, 4 and 8 lanes (the batch fills one to eight sample blocks).
+LANE_BUILDS = {P: spec.Build(name=f"lanes{P}", lanes=P, weight_words=2048 // P,
+                             act_bytes=1024, grad_words=128, scratch_entries=512, max_batch=16,
+                             max_layers=4, max_width=32) for P in (2, 4, 8)}
+
+
+@pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
+@pytest.mark.parametrize("seed", range(4))
+def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
+    """A training step on random networks, batches and settings (SLU, zero skipping, PSG
+    absolute and relative, ssProp by |dY| and LFSR): the golden model's weights and correct
+    count, and every event the executor counts."""
+    build = LANE_BUILDS[lanes]
+    rng = np.random.default_rng(200 + 10 * seed + lanes)
+    layers, batch, weights, shifts, x = random_case(rng, build)
+    y = rng.integers(0, layers[-1], batch)
+    settings = random_settings(rng, len(layers) - 1, build)
+    g = golden.GoldenModel(build)
+    g.configure(layers, shifts)
+    g.load_weights(weights)
+    correct = g.train_batch(x, y, settings)
+    mem = dataflow.Memories(build)
+    mem.load_network(layers, weights, batch)
+    mem.load_inputs(x, y)
+    phases = dataflow.train_program(layers, build, batch, shifts,
+                                    psg_relative=settings.psg and settings.psg_relative)
+    counts, _ = dataflow.execute(phases, mem, settings=settings)
+    dut = SampleEngine(build)
+    out = {}
+
+    async def bench(ctx):
+        out["weights"], out["events"], out["cycles"], out["correct"] = await load_and_run(
+            ctx, dut, dataflow.encode(phases, build), layers, weights, batch, x, build,
+            y=y, settings=settings)
+        out["fault"] = ctx.get(dut.fault)
+
+    run_testbench(dut, bench)
+    assert not out["fault"]
+    assert out["correct"] == correct
+    for got, want in zip(out["weights"], g.weights):
+        assert (got == want).all(), (layers, batch, settings)
+    diff = {n: (out["events"][n], counts[n]) for n in EVENTS if out["events"][n] != counts[n]}
+    assert not diff, (layers, batch, settings)
