@@ -19,6 +19,10 @@ def test_bench_quick_runs(tmp_path):
     e = r["engine"]
     assert e["cycles_per_train_sample"] > 0 and 0 < e["utilization"]["forward"] <= 1
     assert e["sim_cycles_per_s"]["verilator"] > 0 and e["sim_cycles_per_s"]["icarus"] > 0
+    v2 = r["engine_v2"]
+    assert v2["batch"] == 8 and all(0 < u <= 1 for u in v2["utilization"].values())
+    assert 0 < v2["weight_reads_per_train_sample"] < v2["v1_weight_reads_per_train_sample"]
+    assert 0 < v2["dense_pj_per_sample"] and 0 < v2["v1_dense_pj_per_sample"]
     assert (tmp_path / "results.md").read_text().startswith("| configuration")
     assert r["setup"]["profiles"] == list(bench.BENCH_PROFILES)
     assert all(r["profiles"][p]["baseline"]["energy_ratio"] == 1.0 for p in bench.BENCH_PROFILES)

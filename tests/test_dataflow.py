@@ -52,6 +52,13 @@ def test_infer_program_predicts_as_the_golden_model(seed):
         expect_reads += n * int(padded.reshape(S, P, -1).any(axis=1).sum())
     assert counts["weight_reads"] == expect_reads
     assert counts["act_reads"] == sum(w.size for w in weights) * batch
+    gv2 = golden.GoldenModel(dataclasses.replace(BUILD, dataflow="samples"))
+    gv2.configure(layers, shifts)
+    gv2.load_weights(weights)
+    gv2.infer(x)
+    gv2.counters["act_writes"] -= x.size
+    assert {n: counts[n] for n in spec.EXACT_COUNTERS} == \
+        {n: gv2.counters[n] for n in spec.EXACT_COUNTERS}
 
 
 #: The counters the dataflow changes: v2 reads a weight once per sample block and an
@@ -96,6 +103,15 @@ def test_train_program_steps_as_the_golden_model(seed):
     for name in spec.EXACT_COUNTERS:
         if name not in DATAFLOW_COUNTERS:
             assert counts[name] == g.counters[name], name
+    # the golden model's closed-form counts of the sample-lane dataflow are the executor's,
+    # the input batch's act_writes aside (the memory window's)
+    gv2 = golden.GoldenModel(dataclasses.replace(BUILD, dataflow="samples"))
+    gv2.configure(layers, shifts)
+    gv2.load_weights(weights)
+    gv2.train_batch(x, y, settings)
+    gv2.counters["act_writes"] -= x.size
+    assert {n: counts[n] for n in spec.EXACT_COUNTERS} == \
+        {n: gv2.counters[n] for n in spec.EXACT_COUNTERS}
 
 
 def test_a_program_longer_than_the_program_memory_is_refused():

@@ -12,13 +12,13 @@ import pytest
 
 from ember import dataflow, golden, program, spec
 from ember_hw.sample_engine import EVENTS, SampleEngine
+from ember_sim.sample_core import run_command
 
 from engine_harness import run_testbench
 
 SMALL = spec.Build(name="small", lanes=4, weight_words=256, act_bytes=512, grad_words=64,
                    scratch_entries=256, max_batch=16, max_layers=4, max_width=32)
-SETTINGS = ("batch", "update_mask", "lr_shift", "zero_skip", "psg", "psg_relative", "psg_tau",
-            "psg_step_shift", "keep_q8", "ssprop_random", "lfsr_seed")
+
 
 
 def fits(layers, build, batch):
@@ -48,70 +48,14 @@ def random_case(rng, build):
     return layers, batch, weights, shifts, x
 
 
-async def load_and_run(ctx, dut, words, layers, weights, batch, x, build, cycles=400_000,
-                       y=None, settings=None):
-    P = build.lanes
-    wbase, _, _ = dataflow.layout(layers, build, batch)
-    for i, word in enumerate(words):
-        ctx.set(dut.prog_wr_addr, i)
-        ctx.set(dut.prog_wr_data, word)
-        ctx.set(dut.prog_wr_en, 1)
-        await ctx.tick()
-    ctx.set(dut.prog_wr_en, 0)
-    for base, w in zip(wbase, weights):
-        for i, v in enumerate(w.ravel()):
-            ctx.set(dut.w_wr_addr, base + i)
-            ctx.set(dut.w_wr_data, int(v) & 0xFFFF)
-            ctx.set(dut.w_wr_en, 1)
-            await ctx.tick()
-    ctx.set(dut.w_wr_en, 0)
-    K = layers[0]
-    for b in range(batch):
-        s, p = divmod(b, P)
-        for k in range(K):
-            ctx.set(dut.act_wr_addr, (s * K + k) * P + p)
-            ctx.set(dut.act_wr_data, int(x[b, k]))
-            ctx.set(dut.act_wr_en, 1)
-            await ctx.tick()
-    ctx.set(dut.act_wr_en, 0)
-    for b, label in enumerate([] if y is None else y):
-        ctx.set(dut.label_wr_addr, b)
-        ctx.set(dut.label_wr_data, int(label))
-        ctx.set(dut.label_wr_en, 1)
-        await ctx.tick()
-    ctx.set(dut.label_wr_en, 0)
-    settings = settings or spec.StepSettings(zero_skip=True)
-    for name in SETTINGS:
-        value = batch if name == "batch" else getattr(settings, name)
-        if name == "update_mask":
-            value = sum(int(v) << i for i, v in enumerate(settings.mask(len(layers) - 1)))
-        ctx.set(getattr(dut, name), int(value))
-    ctx.set(dut.start, 1)
-    await ctx.tick()
-    ctx.set(dut.start, 0)
-    run_cycles = 0
-    while ctx.get(dut.busy):
-        await ctx.tick()
-        run_cycles += 1
-        assert run_cycles < cycles, "the engine did not finish"
-    preds = []
-    for b in range(batch):
-        ctx.set(dut.pred_rd_addr, b)
-        await ctx.tick()
-        preds.append(ctx.get(dut.pred_rd_data))
-    events = {name: ctx.get(dut.events[name]) for name in EVENTS}
-    if y is not None:
-        weights_out = []
-        for base, w in zip(wbase, weights):
-            flat = []
-            for i in range(w.size):
-                ctx.set(dut.w_rd_addr, base + i)
-                await ctx.tick()
-                v = ctx.get(dut.w_rd_data)
-                flat.append(v - (1 << 16) if v >= 1 << 15 else v)
-            weights_out.append(np.array(flat, dtype=np.int16).reshape(w.shape))
-        return weights_out, events, run_cycles, ctx.get(dut.correct)
-    return preds, events, run_cycles
+async def load_and_run(ctx, dut, words, layers, weights, batch, x, build, y=None,
+                       settings=None):
+    """ember_sim.sample_core.run_command, as (preds, events, cycles) for infer and (weights,
+    events, cycles, correct) for train."""
+    out = await run_command(ctx, dut, build, words, layers, weights, batch, x, y, settings)
+    if y is None:
+        return out["preds"], out["events"], out["cycles"]
+    return out["weights"], out["events"], out["cycles"], out["correct"]
 
 
 @pytest.mark.parametrize("seed", range(6))

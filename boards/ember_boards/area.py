@@ -30,19 +30,27 @@ FAMILIES = {"ice40": "synth_ice40 -dsp -top top", "ecp5": "synth_ecp5 -top top"}
 DEFAULT_FAMILY = {"icebreaker": "ice40", "tiny": "ice40", "ulx3s": "ecp5", "sim": "ecp5"}
 
 
-def core_rtlil(build):
+#: The engine cores: v1's EngineCore, and engine v2's core (ember_hw.sample_engine, not yet
+#: on a board build) without its bus.
+CORES = ("v1", "v2")
+
+
+def core_rtlil(build, core="v1"):
     from amaranth.back import rtlil
+    if core == "v2":
+        from ember_hw.sample_engine import SampleEngine
+        return rtlil.convert(SampleEngine(build), name="top")
     from ember_hw.engine import EngineCore
     return rtlil.convert(EngineCore(build), name="top")
 
 
-def synthesize(build, family):
+def synthesize(build, family, core="v1"):
     """Cell counts (dict) of the engine core of `build` synthesized for `family`."""
     _yowasp_environment()
     # YoWASP tools see the working directory tree only: work in a directory below it
     with tempfile.TemporaryDirectory(dir=Path.cwd(), prefix=".area-") as tmp:
         tmp = Path(tmp).relative_to(Path.cwd())
-        (tmp / "core.il").write_text(core_rtlil(build))
+        (tmp / "core.il").write_text(core_rtlil(build, core))
         script = "; ".join([f"read_rtlil {tmp / 'core.il'}", *read_collision_script(),
                             FAMILIES[family], "stat"])
         out = subprocess.run([os.environ["YOSYS"], "-q", "-l", str(tmp / "yosys.log"),
@@ -59,6 +67,10 @@ def main(argv=None):
     ap.add_argument("--family", choices=sorted(FAMILIES))
     ap.add_argument("--features", help="comma-separated units to build instead of the "
                     f"build's own (from {', '.join(spec.FEATURES)})")
+    ap.add_argument("--core", default="v1", choices=CORES,
+                    help="v1: EngineCore (the boards' engine); v2: engine v2's core alone")
+    ap.add_argument("--lanes", type=int, help="lanes instead of the build's own")
+    ap.add_argument("--weight-words", type=int, help="weight words instead of the build's own")
     ap.add_argument("--json", help="also write the counts to this file")
     args = ap.parse_args(argv)
     family = args.family or DEFAULT_FAMILY.get(args.build, "ice40")
@@ -67,8 +79,15 @@ def main(argv=None):
     if args.features is not None:
         build = dataclasses.replace(build, features=tuple(f for f in args.features.split(",")
                                                           if f))
-    cells = synthesize(build, family)
-    result = {"build": args.build, "features": list(build.features), "family": family,
+    if args.core == "v2":
+        # the v2 core keeps its weights in one generic memory (block RAM), no SPRAM yet
+        build = dataclasses.replace(build, weight_spram=False)
+    for name in ("lanes", "weight_words"):
+        if getattr(args, name) is not None:
+            build = dataclasses.replace(build, **{name: getattr(args, name)})
+    cells = synthesize(build, family, args.core)
+    result = {"build": args.build, "core": args.core, "lanes": build.lanes,
+              "features": list(build.features), "family": family,
               "cells": cells,
               "seconds": round(time.monotonic() - t0, 1)}
     print(json.dumps(result, indent=1))

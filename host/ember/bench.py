@@ -26,6 +26,8 @@ rank, compute_ratio, link_share, clock_share} (BENCH_PROFILES, each costed at it
 energy.build_for); float32.{test_accuracy_mean, test_accuracy_std};
 engine.{lanes, cycles_per_train_sample, cycles_per_infer_sample, utilization,
 phase_cycles_per_sample, sim_cycles_per_s, golden_samples_per_s, sim_train_samples_per_s};
+engine_v2 (engine v2's core, not on a build yet: ember_sim.sample_core.figures, plus
+dense_pj_per_sample and v1_dense_pj_per_sample under horowitz45);
 setup.{epochs, seeds, sim_seeds, profile, profiles, network, batch_size}.
 
 The per-profile ratios are recomputed from the same runs' counters (no retraining): the model
@@ -35,6 +37,7 @@ that leaves out).
 """
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -42,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, energy, golden, policies, spec
+from . import data, energy, golden, policies, spec, trainer
 from .device import ModelDevice, open_device
 from .reference import train_float
 from .trainer import Trainer
@@ -150,6 +153,22 @@ def dense_engine_figures(ds, batches=3, build=None, batch_size=32):
         "sim_train_samples_per_s": c["samples"] / wall,
         "link_bytes_per_train_sample": (c["link_rx_bytes"] + c["link_tx_bytes"]) / c["samples"],
     }
+
+
+def engine_v2_figures(build=None, batch=32):
+    """Engine v2's core (not on a build yet) on the dense step of 64-32-10: its cycles,
+    utilization and reads (ember_sim.sample_core.figures), and the dense step's energy per
+    training sample under horowitz45 with v2's event counts and with v1's."""
+    from ember_sim import sample_core
+    build = build or spec.DEFAULT_BUILD
+    out = sample_core.figures(build, batch)
+    layers = [64, 32, 10]
+    for key, dataflow in (("v1_dense_pj_per_sample", "outputs"),
+                          ("dense_pj_per_sample", "samples")):
+        b = dataclasses.replace(build, dataflow=dataflow)
+        out[key] = round(energy.EnergyModel("horowitz45", b).total(
+            trainer.dense_counters(layers, b, batch)) / batch, 1)
+    return out
 
 
 def simulator_speed(cycles_verilator=400_000, cycles_icarus=40_000):
@@ -326,12 +345,14 @@ def main(argv=None):
     sim_runs = [r["sim"] for rs in runs.values() for r in rs if r["sim"]]
     if sim_runs:
         engine["all_sim_runs"] = engine_figures(sim_runs, spec.DEFAULT_BUILD.lanes)
+    log("engine v2's core: the same dense step in the Amaranth simulator")
+    engine_v2 = engine_v2_figures(batch=8 if args.quick else 32)
     results = {"setup": {"epochs": epochs, "seeds": len(seeds),
                          "sim_seeds": 1 if args.quick else args.sim_seeds,
                          "profile": "horowitz45", "profiles": list(by_profile),
                          "network": "64-32-10", "batch_size": 32},
                "configs": configs, "profiles": by_profile, "float32": float_ref,
-               "engine": engine,
+               "engine": engine, "engine_v2": engine_v2,
                "target_accuracy": target}
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
     table = markdown(configs, float_ref, target)
@@ -352,6 +373,17 @@ def main(argv=None):
     log(f"simulated cycles/s: Verilator {s['verilator']:,.0f}, Icarus {s['icarus']:,.0f}; "
         f"golden model {engine['golden_samples_per_s']:,.0f} training samples/s; "
         f"simulated board {engine['sim_train_samples_per_s']:.0f} training samples/s (wall)")
+    v = engine_v2
+    log(f"engine v2's core (P={v['lanes']}, the same step at batch {v['batch']}, not on a "
+        "build yet): "
+        f"{v['cycles_per_train_sample']:.0f} cycles per training sample, "
+        f"{v['cycles_per_infer_sample']:.0f} per inference sample; MAC utilization "
+        + ", ".join(f"{k.replace('_', ' ')} {100 * u:.1f} %" for k, u in v["utilization"].items())
+        + f"; weight reads per training sample {v['weight_reads_per_train_sample']:.0f} "
+        f"(v1 {v['v1_weight_reads_per_train_sample']:.0f}), activation reads "
+        f"{v['act_reads_per_train_sample']:.0f} (v1 {v['v1_act_reads_per_train_sample']:.0f}); "
+        f"dense energy per training sample (horowitz45) {v['dense_pj_per_sample']:,.0f} pJ "
+        f"(v1 {v['v1_dense_pj_per_sample']:,.0f} pJ)")
     log(f"written: {out}/results.json, results.md, accuracy_energy.png")
     return 0
 

@@ -152,8 +152,11 @@ def _asic_per_event(p, b):
     SRAM reads in log2(size) (docs/energy.md, "How events are costed")."""
     acc = add_pj(p, spec.ACC_BITS)
     low_acc = add_pj(p, spec.PSG_ACT_MSBS + spec.PSG_GRAD_MSBS + 8)
-    # weights and lane-read gradients sit in one bank per lane; the rest is one array
+    # weights and lane-read gradients sit in one bank per lane; the rest is one array. Engine
+    # v2 (dataflow "samples") reads one weight at a time from P banks of the same size (the
+    # address picks the bank) and banks the activations per lane (each lane reads its own)
     w_bank = b.weight_words * spec.WEIGHT_BITS // 8
+    act_mem = b.act_bytes // b.lanes if b.dataflow == "samples" else b.act_bytes
     g_bank = b.grad_words * spec.GRAD_BITS // 8
     scratch = b.scratch_entries * spec.DX_BITS // 8
     write = float(p.get("sram_write_factor", 1.0))
@@ -166,15 +169,15 @@ def _asic_per_event(p, b):
         "loss_elements": 2 * mult_pj(p, 16, 16) + 3 * add_pj(p, 32),
         "weight_reads": sram_pj(p, w_bank, spec.WEIGHT_BITS),
         "weight_writes": write * sram_pj(p, w_bank, spec.WEIGHT_BITS),
-        "act_reads": sram_pj(p, b.act_bytes, spec.ACT_BITS),
-        "act_writes": write * sram_pj(p, b.act_bytes, spec.ACT_BITS),
+        "act_reads": sram_pj(p, act_mem, spec.ACT_BITS),
+        "act_writes": write * sram_pj(p, act_mem, spec.ACT_BITS),
         # single entries: logits and dY in the lane banks, dX in the scratch; charged as
         # 32-bit scratch accesses (the larger of the two)
         "grad_reads": sram_pj(p, scratch, spec.DX_BITS),
         "grad_writes": write * sram_pj(p, scratch, spec.DX_BITS),
         "grad_lane_reads": sram_pj(p, g_bank, spec.GRAD_BITS),
         # the predictor reads only the MSB bank of each memory (split by bit slice)
-        "act_msb_reads": sram_pj(p, b.act_bytes, spec.PSG_ACT_MSBS),
+        "act_msb_reads": sram_pj(p, act_mem, spec.PSG_ACT_MSBS),
         "grad_msb_lane_reads": sram_pj(p, g_bank, spec.PSG_GRAD_MSBS),
         "link_rx_bytes": float(p.get("link_byte_pj", 0.0)),
         "link_tx_bytes": float(p.get("link_byte_pj", 0.0)),

@@ -262,6 +262,23 @@ class GoldenModel:
         if self.layers is None:
             raise ConfigError("the device has no network configured; call configure() first")
 
+    @property
+    def samples(self):
+        """The build's lanes run over samples (engine v2's dataflow, spec.Build.dataflow)."""
+        return self.build.dataflow == "samples"
+
+    def _live_steps(self, live):
+        """Engine v2: the (sample block, k) steps of a pass with a live lane, each a weight
+        read (live: (B, K) booleans, None for every lane live)."""
+        lanes = self.build.lanes
+        if live is None:
+            return -(-len(self.x_rows) // lanes) * self.x_cols
+        B, K = live.shape
+        S = -(-B // lanes)
+        pad = np.zeros((S * lanes, K), dtype=bool)
+        pad[:B] = live
+        return int(pad.reshape(S, lanes, K).any(axis=1).sum())
+
     def check_batch(self, x, y=None):
         """Validate a batch against the network and the build; returns int64 arrays."""
         self._need_config()
@@ -281,8 +298,15 @@ class GoldenModel:
             cycles = int(live.sum())
             c["mac_forward"] += n * cycles
             c["skip_zero"] += n * (a.size - cycles)
-            c["weight_reads"] += n * cycles              # one 16-bit lane read per MAC
-            c["act_reads"] += blocks * a.size            # zero or not, A[k] is read to know
+            if self.samples:
+                # one weight per (sample block, k) with a live lane, for every output; each
+                # live lane reads its own activation
+                c["weight_reads"] += n * self._live_steps(a != 0 if zero_skip
+                                                           else np.ones(a.shape, dtype=bool))
+                c["act_reads"] += n * a.size
+            else:
+                c["weight_reads"] += n * cycles          # one 16-bit lane read per MAC
+                c["act_reads"] += blocks * a.size        # zero or not, A[k] is read to know
             z = a @ w.T.astype(_I64)
             a = requantize(z, shift, relu=not last)
             if last:
@@ -362,7 +386,7 @@ class GoldenModel:
                 n_live = int(live.sum())
                 c["mac_input_grad"] += keep * n_live
                 c["skip_zero"] += keep * (a.size - n_live)
-                c["weight_reads"] += keep * n_live
+                c["weight_reads"] += keep * (self._live_steps(live) if self.samples else n_live)
                 c["grad_lane_reads"] += keep * n_live
                 c["act_reads"] += a.size
                 c["grad_writes"] += a.size
@@ -381,7 +405,7 @@ class GoldenModel:
                 if settings.psg:
                     passes = 2 if settings.psg_relative else 1
                     c["mac_weight_grad_low"] += passes * keep * cycles
-                    c["act_msb_reads"] += passes * live_blocks * a.size
+                    c["act_msb_reads"] += passes * (keep if self.samples else live_blocks) * a.size
                     c["grad_msb_lane_reads"] += passes * keep * cycles
                     pred = psg_predict(dy_kept, a)
                     mag = np.abs(pred)
@@ -394,7 +418,7 @@ class GoldenModel:
                     unc_pad = np.zeros((pad, k), dtype=bool)
                     unc_pad[:n] = uncertain
                     words = unc_pad.reshape(-1, lanes, k).any(axis=1)   # (blocks, K)
-                    recompute = int(words.sum()) * batch
+                    recompute = (int(uncertain.sum()) if self.samples else int(words.sum())) * batch
                     full_macs = int((uncertain * per_k[None, :]).sum())
                     c["act_reads"] += recompute
                     c["grad_lane_reads"] += full_macs
@@ -405,7 +429,7 @@ class GoldenModel:
                     new = sign_update(w, sign, settings.psg_step_shift)
                 else:
                     c["mac_weight_grad"] += keep * cycles
-                    c["act_reads"] += live_blocks * a.size
+                    c["act_reads"] += (keep if self.samples else live_blocks) * a.size
                     c["grad_lane_reads"] += keep * cycles
                     g = dy_kept.T @ a
                     shift_upd = min(max(settings.lr_shift + correction, 0),

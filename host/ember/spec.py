@@ -169,6 +169,10 @@ class Setting:
         return self.lo <= value <= self.hi
 
 
+#: The engines' dataflows (Build.dataflow).
+DATAFLOWS = ("outputs", "samples")
+
+
 @dataclass(frozen=True)
 class Build:
     """What one engine build holds: the limits every configuration is checked against.
@@ -182,6 +186,10 @@ class Build:
     max_batch:       largest batch one train command accepts.
     clock_hz:        engine clock, for cycle-to-time conversion.
     features:        the optional units this build has (a subset of FEATURES).
+    dataflow:        "outputs": v1's lanes over P outputs of one sample, the activation
+                     broadcast (ember_hw.engine); "samples": engine v2's lanes over P samples,
+                     the weight broadcast (ember.dataflow, ember_hw.sample_engine). The event
+                     counts of the two differ in the reads (docs/numerics.md).
     weight_spram:    keep the weight memory in iCE40 UltraPlus SPRAM (one SB_SPRAM256KA per
                      lane, so lanes <= SPRAM_BLOCKS and weight_words <= SPRAM_WORDS) instead of
                      a generic memory (block RAM). Only the iCE40UP bitstream and RTL
@@ -200,12 +208,16 @@ class Build:
     clock_hz: int = 48_000_000
     weight_spram: bool = False
     features: tuple = FEATURES
+    dataflow: str = "outputs"
 
     def __post_init__(self):
         unknown = set(self.features) - set(FEATURES)
         if unknown:
             raise ConfigError(f"build '{self.name}': unknown features {sorted(unknown)}; "
                               f"known: {', '.join(FEATURES)}")
+        if self.dataflow not in DATAFLOWS:
+            raise ConfigError(f"build '{self.name}': dataflow {self.dataflow!r}; known: "
+                              f"{', '.join(DATAFLOWS)}")
         if "ssprop_random" in self.features and "ssprop" not in self.features:
             raise ConfigError(f"build '{self.name}': ssprop_random needs ssprop")
         if "watchdog" in self.features and "abort" not in self.features:
