@@ -27,12 +27,27 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import spec
-from .program import BOUND_BITS, LEVELS, Nest
+from .program import BOUND_BITS, Nest
 from .golden import (argmax_first, bit_length, keep_count, lfsr_sequence, requantize,
                      round_shift, saturate, saturate_grad, select_channels, sgd_update,
                      sign_update, softmax_grad)
 from .spec import StepSettings
 
+#: The loop levels of engine v2's nests, level 0 outermost (program.Nest and LoopNest take it
+#: as `levels`): the weight gradient's has five (kept channel, input group, pass, sample block,
+#: input in the group).
+LEVELS = 5
+INNER = LEVELS - 1
+#: The sample block's level in the forward and input-gradient nests (block, output or input,
+#: input or kept channel): its last iteration holds the batch's remainder, the tail.
+BLOCK_LEVEL = LEVELS - 3
+#: The weight-gradient nests (kept channel c, input group, pass, sample block, input in the
+#: group): the block's level, the pass level and the group size (spec.GRAD_HOLD). PSG walks a
+#: group's blocks twice (the prediction, then full precision where it is not confident); the
+#: pass level's strides are 0, so the second pass reads what the first did; its bound is 2
+#: under PSG and 1 otherwise, set at run time.
+GRAD_BLOCK_LEVEL = LEVELS - 2
+PASS_LEVEL = LEVELS - 3
 #: The address generators of a phase. What each addresses depends on the kind (w: a weight
 #: or, for argmax, the class; a: an activation word or, for requant and argmax, the dX scratch
 #: entry or logits word; g: a gradient word read; o: the word, entry or sample written).
@@ -51,7 +66,8 @@ HEADER_FIELDS = {"kind": (0, 0, 4), "tail": (0, 4, 8), "shift": (0, 12, 6),
 HEADER_WORDS = 2
 #: Program memory words per phase: the header, the bounds two to a word, and for each
 #: generator its base and one delta per level.
-PHASE_WORDS = HEADER_WORDS + LEVELS // 2 + len(GENERATORS) * (1 + LEVELS)
+BOUND_WORDS = -(-LEVELS // 2)
+PHASE_WORDS = HEADER_WORDS + BOUND_WORDS + len(GENERATORS) * (1 + LEVELS)
 #: Program words the engine holds (v2 builds).
 PROGRAM_WORDS = 1024
 WORD_MASK = (1 << spec.BUS_DATA_BITS) - 1
@@ -100,7 +116,7 @@ def nest(loops, gens):
     `gens` ({generator: (base, {loop name: stride})}); a generator it does not name has base
     and strides 0."""
     gens = {g: gens.get(g, (0, {})) for g in GENERATORS}
-    return Nest.of(loops, gens)
+    return Nest.of(loops, gens, levels=LEVELS)
 
 
 def sample_blocks(build, batch):
@@ -220,22 +236,23 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
             phases += _per_sample("requant", build, batch, [("k", k)],
                                   {"a": (0, {"s": k * P, "p": 1, "k": P}),
                                    "o": (g_below, {"s": k, "k": 1})}, **fields)
-        grad_nest = nest([("c", n), ("k", k), ("pass", 2), ("s", S)],
-                         {"w": (wbase[l], {"k": 1}),
-                          "a": (abase[l], {"s": k, "k": 1}),
-                          "g": (g_cur, {"s": n})})
+        # the weight gradient in groups of GRAD_HOLD inputs (and one of the remainder)
+        R = spec.GRAD_HOLD
+        groups, rem = divmod(k, R)
+        parts = ([(0, groups, R)] if groups else []) + ([(groups * R, 1, rem)] if rem else [])
+        grad = [nest([("c", n), ("kb", kb), ("pass", 2), ("s", S), ("kn", kn)],
+                     {"w": (wbase[l] + k0, {"kb": R, "kn": 1}),
+                      "a": (abase[l] + k0, {"s": k, "kb": R, "kn": 1}),
+                      "g": (g_cur, {"s": n}),
+                      "o": (0, {"kn": 1})}) for k0, kb, kn in parts]
         if psg_relative:
-            phases.append(Phase("psg_max", grad_nest, tail=tail, **fields))
-        phases.append(Phase("weight_grad", grad_nest, tail=tail, **fields))
+            phases += [Phase("psg_max", g, tail=tail, **fields) for g in grad]
+        phases += [Phase("weight_grad", g, tail=tail, **fields) for g in grad]
     return phases
 
 
 #: The level whose bound is the kept count, per backward kind (the channel c).
-KEPT_LEVEL = {"input_grad": LEVELS - 1, "weight_grad": 0, "psg_max": 0}
-#: The weight-gradient nests' pass level: PSG walks a (j, k)'s samples twice (the prediction,
-#: then full precision where it is not confident); its strides are 0, so the second pass
-#: reads what the first did. Its bound is 2 under PSG and 1 otherwise, set at run time.
-PASS_LEVEL = 2
+KEPT_LEVEL = {"input_grad": INNER, "weight_grad": LEVELS - 5, "psg_max": LEVELS - 5}
 
 
 def encode(phases, build):
@@ -251,7 +268,7 @@ def encode(phases, build):
             head[w] |= value << off
         words += head
         for i in range(0, LEVELS, 2):
-            words.append(ph.bounds[i] | ph.bounds[i + 1] << BOUND_BITS)
+            words.append(ph.bounds[i] | (ph.bounds[i + 1] << BOUND_BITS if i + 1 < LEVELS else 0))
         deltas = ph.nest.deltas()
         for g in GENERATORS:
             words.append(ph.nest.bases[g] & WORD_MASK)
@@ -310,6 +327,7 @@ class _Run:
         self.dx_max = 0
         self.dx_shift = 0
         self.psg_tau = settings.psg_tau
+        self.largest = 0                # psg_max: the layer's largest |prediction| so far
         self.pending = 0                # the correction of the layer above, not yet applied
 
     def runs(self, ph):
@@ -356,6 +374,7 @@ def execute(phases, mem, counts=None, zero_skip=True, settings=None):
                 run.layer_skips(ph)
                 run.correction += run.pending
                 run.pending = 0
+                run.largest = 0
             if not run.runs(ph):
                 continue
         _KIND[ph.kind](run, ph)
@@ -370,18 +389,18 @@ def _forward(run, ph):
     acc = np.zeros(P, dtype=np.int64)
     zs = run.st.zero_skip
     for idx, addr, first, last in ph.walk():
-        live = _live(ph, last[1], P)
+        live = _live(ph, last[BLOCK_LEVEL], P)
         lanes = int(live.sum())
         a = mem.acts[addr["a"]]
         on = live & ((a != 0) if zs else True)
-        if first[3]:
+        if first[INNER]:
             acc[:] = 0
         acc += np.where(on, mem.weights[addr["w"]] * a, 0)
         c["mac_forward"] += int(on.sum())
         c["skip_zero"] += int((live & ~on).sum())
         c["weight_reads"] += int(on.any())
         c["act_reads"] += lanes
-        if last[3]:
+        if last[INNER]:
             y = requantize(acc, ph.shift, relu=ph.kind == "forward")
             if ph.kind == "forward":
                 mem.acts[addr["o"], :lanes] = y[:lanes]
@@ -398,9 +417,9 @@ def _argmax(run, ph):
     for idx, addr, first, last in ph.walk():
         logit = mem.grads[addr["a"], addr["o"] % P]
         c["grad_reads"] += 1
-        if first[3] or logit > best:
+        if first[INNER] or logit > best:
             best, best_n = logit, addr["w"]
-        if last[3]:
+        if last[INNER]:
             mem.preds[addr["o"]] = best_n
             c["infer_samples"] += 1
 
@@ -431,8 +450,8 @@ def _select(run, ph):
     else:
         scores = np.zeros(n, dtype=np.int64)
         for idx, addr, first, last in ph.walk():
-            live = _live(ph, last[3], P)
-            scores[idx[2]] += int(np.abs(mem.grads[addr["g"]][live]).sum())
+            live = _live(ph, last[INNER], P)
+            scores[idx[INNER - 1]] += int(np.abs(mem.grads[addr["g"]][live]).sum())
             c["grad_reads"] += int(live.sum())
     run.kept = [int(j) for j in np.flatnonzero(select_channels(scores, keep))]
 
@@ -457,10 +476,10 @@ def _input_grad(run, ph):
     acc = np.zeros(P, dtype=np.int64)
     run.dx_max = 0
     for idx, addr, first, last, j in _kept_walk(run, ph):
-        live = _live(ph, last[1], P)
+        live = _live(ph, last[BLOCK_LEVEL], P)
         relu = mem.acts[addr["a"]] > 0
         on = live & (relu if zs else True)
-        if first[3]:
+        if first[INNER]:
             acc[:] = 0
             c["act_reads"] += int(live.sum())
         acc += np.where(on, mem.weights[addr["w"]] * mem.grads[addr["g"]], 0)
@@ -468,7 +487,7 @@ def _input_grad(run, ph):
         c["skip_zero"] += int((live & ~on).sum())
         c["weight_reads"] += int(on.any())
         c["grad_lane_reads"] += int(on.sum())
-        if last[3]:
+        if last[INNER]:
             dx = np.where(relu, saturate(acc, spec.DX_BITS), 0)
             lanes = int(live.sum())
             mem.scratch[addr["o"]:addr["o"] + lanes] = dx[:lanes]
@@ -489,78 +508,96 @@ def _requant(run, ph):
     run.pending = spec.WEIGHT_FRAC_BITS - run.dx_shift
 
 
-def _msb_products(run, addr, on):
-    mem = run.mem
-    dy = mem.grads[addr["g"]]
-    hi_dy = np.sign(dy) * (np.abs(dy) >> (spec.GRAD_BITS - spec.PSG_GRAD_MSBS))
-    hi_a = mem.acts[addr["a"]] >> (spec.ACT_BITS - spec.PSG_ACT_MSBS)
-    return int(np.where(on, hi_dy * hi_a, 0).sum())
+def _hi_dy(dy):
+    return np.sign(dy) * (np.abs(dy) >> (spec.GRAD_BITS - spec.PSG_GRAD_MSBS))
+
+
+def _groups(run, ph):
+    """The weight-gradient nest's steps by group (a kept channel's GRAD_HOLD inputs): lists
+    of (addr, live, on, first_of_block) in loop order (blocks, then the group's inputs)."""
+    P, zs = run.mem.P, run.st.zero_skip
+    group = []
+    for idx, addr, first, last, j in _kept_walk(run, ph):
+        live = _live(ph, last[GRAD_BLOCK_LEVEL], P)
+        on = live & ((run.mem.acts[addr["a"]] != 0) if zs else True)
+        group.append((addr, live, on, first[INNER]))
+        if all(last[PASS_LEVEL:]):
+            yield group
+            group = []
+
+
+def _low_pass(run, group):
+    """PSG's prediction of each input of a group (o: its index): the high bits' products
+    summed over the lanes and blocks; counts the pass's events."""
+    mem, c = run.mem, run.c
+    pred = {}
+    for addr, live, on, first in group:
+        if first:                               # the block's dY word, held for the group
+            c["grad_msb_lane_reads"] += int(live.sum())
+        hi_a = mem.acts[addr["a"]] >> (spec.ACT_BITS - spec.PSG_ACT_MSBS)
+        pred[addr["o"]] = pred.get(addr["o"], 0) + int(
+            np.where(on, _hi_dy(mem.grads[addr["g"]]) * hi_a, 0).sum())
+        c["mac_weight_grad_low"] += int(on.sum())
+        c["act_msb_reads"] += int(live.sum())
+    return pred
 
 
 def _psg_max(run, ph):
     # PSG's relative threshold: the layer's largest |prediction| over the kept channels
-    c, P, zs = run.c, run.mem.P, run.st.zero_skip
-    pred = largest = 0
-    for idx, addr, first, last, j in _kept_walk(run, ph):
-        live = _live(ph, last[3], P)
-        on = live & ((run.mem.acts[addr["a"]] != 0) if zs else True)
-        pred = (0 if first[3] else pred) + _msb_products(run, addr, on)
-        c["mac_weight_grad_low"] += int(on.sum())
-        c["act_msb_reads"] += int(live.sum())
-        c["grad_msb_lane_reads"] += int(on.sum())
-        if last[3]:
-            largest = max(largest, abs(pred))
-    run.psg_tau = largest >> run.st.psg_tau
+    for group in _groups(run, ph):
+        run.largest = max([run.largest] + [abs(v) for v in _low_pass(run, group).values()])
+    run.psg_tau = run.largest >> run.st.psg_tau
 
 
 def _weight_grad(run, ph):
-    """The weight gradient of (j, k) summed over the batch's lanes and blocks, then the
-    update of W[j, k]: SGD, or PSG's sign step (the prediction's sign where it is confident;
-    otherwise a full-precision pass over the samples first)."""
-    mem, c, P, st = run.mem, run.c, run.mem.P, run.st
-    zs = st.zero_skip
+    """The weight gradient of each (j, k) of a group summed over the lanes and blocks, then
+    its update: SGD, or PSG's sign step (the prediction's sign where it is confident;
+    otherwise a full-precision pass over the group's blocks first)."""
+    mem, c, st = run.mem, run.c, run.st
     shift = min(max(st.lr_shift + run.correction, 0), spec.UPDATE_SHIFT_MAX)
     tau = run.psg_tau if st.psg_relative else st.psg_tau
-    steps = []
-    for idx, addr, first, last, j in _kept_walk(run, ph):
-        live = _live(ph, last[3], P)
-        a = mem.acts[addr["a"]]
-        on = live & ((a != 0) if zs else True)
-        c["skip_zero"] += int((live & ~on).sum())
-        steps.append((addr, live, on))
-        if not last[3]:
-            continue
-        w = int(mem.weights[addr["w"]])
+    for group in _groups(run, ph):
+        c["skip_zero"] += sum(int((live & ~on).sum()) for _, live, on, _ in group)
         if st.psg:
-            pred = 0
-            for sa, sl, so in steps:
-                pred += _msb_products(run, sa, so)
-                c["mac_weight_grad_low"] += int(so.sum())
-                c["act_msb_reads"] += int(sl.sum())
-                c["grad_msb_lane_reads"] += int(so.sum())
-            if abs(pred) > tau:
-                sign = int(np.sign(pred))
-                c["skip_psg"] += sum(int(so.sum()) for _, _, so in steps)
-            else:
-                sign = int(np.sign(_full_pass(run, steps)))
-            new = int(sign_update(w, sign, st.psg_step_shift))
+            pred = _low_pass(run, group)
+            sure = {o: abs(v) > tau for o, v in pred.items()}
+            for addr, live, on, first in group:
+                if sure[addr["o"]]:
+                    c["skip_psg"] += int(on.sum())
+            full = _full_pass(run, group, [o for o, v in sure.items() if not v])
         else:
-            new = int(sgd_update(w, _full_pass(run, steps), shift))
-        c["weight_reads"] += 1
-        if new != w:
-            mem.weights[addr["w"]] = new
-            c["weight_writes"] += 1
-        steps = []
+            full = _full_pass(run, group, None)
+        for o in sorted({a["o"] for a, _, _, _ in group}):
+            waddr = next(a["w"] for a, _, _, _ in group if a["o"] == o)
+            w = int(mem.weights[waddr])
+            if st.psg:
+                sign = int(np.sign(pred[o])) if sure[o] else int(np.sign(full[o]))
+                new = int(sign_update(w, sign, st.psg_step_shift))
+            else:
+                new = int(sgd_update(w, full[o], shift))
+            c["weight_reads"] += 1
+            if new != w:
+                mem.weights[waddr] = new
+                c["weight_writes"] += 1
 
 
-def _full_pass(run, steps):
+def _full_pass(run, group, inputs):
+    """The full-precision sums of a group's inputs (all, or `inputs`: PSG's uncertain ones);
+    the block's dY word is read once for the group if any input needs it."""
     mem, c = run.mem, run.c
-    g = 0
-    for addr, live, on in steps:
-        g += int(np.where(on, mem.grads[addr["g"]] * mem.acts[addr["a"]], 0).sum())
+    g = {}
+    wanted = (lambda o: True) if inputs is None else (lambda o: o in inputs)
+    if inputs is not None and not inputs:
+        return g
+    for addr, live, on, first in group:
+        if first:
+            c["grad_lane_reads"] += int(live.sum())
+        if not wanted(addr["o"]):
+            continue
+        g[addr["o"]] = g.get(addr["o"], 0) + int(
+            np.where(on, mem.grads[addr["g"]] * mem.acts[addr["a"]], 0).sum())
         c["mac_weight_grad"] += int(on.sum())
         c["act_reads"] += int(live.sum())
-        c["grad_lane_reads"] += int(on.sum())
     return g
 
 

@@ -279,6 +279,12 @@ class GoldenModel:
         pad[:B] = live
         return int(pad.reshape(S, lanes, K).any(axis=1).sum())
 
+    @staticmethod
+    def _held_reads(k, batch):
+        """Engine v2's weight gradient: a kept channel's dY entries read by the lanes, once
+        per sample and group of spec.GRAD_HOLD inputs (the word is held for the group)."""
+        return -(-k // spec.GRAD_HOLD) * batch
+
     def check_batch(self, x, y=None):
         """Validate a batch against the network and the build; returns int64 arrays."""
         self._need_config()
@@ -406,7 +412,8 @@ class GoldenModel:
                     passes = 2 if settings.psg_relative else 1
                     c["mac_weight_grad_low"] += passes * keep * cycles
                     c["act_msb_reads"] += passes * (keep if self.samples else live_blocks) * a.size
-                    c["grad_msb_lane_reads"] += passes * keep * cycles
+                    c["grad_msb_lane_reads"] += passes * keep * (
+                        self._held_reads(k, batch) if self.samples else cycles)
                     pred = psg_predict(dy_kept, a)
                     mag = np.abs(pred)
                     if settings.psg_relative:
@@ -421,7 +428,15 @@ class GoldenModel:
                     recompute = (int(uncertain.sum()) if self.samples else int(words.sum())) * batch
                     full_macs = int((uncertain * per_k[None, :]).sum())
                     c["act_reads"] += recompute
-                    c["grad_lane_reads"] += full_macs
+                    if self.samples:
+                        # a group of inputs with an uncertain one reads its dY words again
+                        groups = -(-k // spec.GRAD_HOLD)
+                        pad = np.zeros((n, groups * spec.GRAD_HOLD), dtype=bool)
+                        pad[:, :k] = uncertain
+                        c["grad_lane_reads"] += batch * int(
+                            pad.reshape(n, groups, spec.GRAD_HOLD).any(axis=2).sum())
+                    else:
+                        c["grad_lane_reads"] += full_macs
                     c["mac_weight_grad"] += full_macs
                     c["skip_psg"] += int((confident * per_k[None, :]).sum())
                     g_full = dy_kept.T @ a
@@ -430,7 +445,8 @@ class GoldenModel:
                 else:
                     c["mac_weight_grad"] += keep * cycles
                     c["act_reads"] += (keep if self.samples else live_blocks) * a.size
-                    c["grad_lane_reads"] += keep * cycles
+                    c["grad_lane_reads"] += keep * (self._held_reads(k, batch) if self.samples
+                                                    else cycles)
                     g = dy_kept.T @ a
                     shift_upd = min(max(settings.lr_shift + correction, 0),
                                     spec.UPDATE_SHIFT_MAX)

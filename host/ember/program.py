@@ -20,8 +20,9 @@ from math import prod
 
 from .spec import ConfigError
 
-#: D: the loop levels of a nest, level 0 outermost. A nest with fewer loops is padded with
-#: bound-1 levels at the outer end (they never advance).
+#: D: the loop levels of a nest, level 0 outermost, by default (LoopNest and Nest take
+#: `levels`; engine v2's core runs nests of ember.dataflow.LEVELS). A nest with fewer loops is
+#: padded with bound-1 levels at the outer end (they never advance).
 LEVELS = 4
 #: A bound is a count of iterations. The largest loop of any build is a walk over every
 #: weight of the ``sim`` build (weight_words x lanes = 4096 x 8 = 32,768 iterations, the

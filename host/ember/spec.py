@@ -171,6 +171,10 @@ class Setting:
 
 #: The engines' dataflows (Build.dataflow).
 DATAFLOWS = ("outputs", "samples")
+#: Engine v2's weight gradient holds a sample block's dY word of channel j in registers for
+#: this many consecutive inputs k (one accumulator each, after the lanes' adder tree), so each
+#: lane reads its dY entry once per group of inputs instead of once per MAC.
+GRAD_HOLD = 4
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,8 @@ EVENTS = tuple(c for c in spec.EXACT_COUNTERS if not c.startswith("link_"))
 #: Cycles from a nest step to the snapshot of its sums.
 SNAP_LATENCY = 5
 LEVELS = dataflow.LEVELS
+INNER = dataflow.INNER
+BLOCK = dataflow.BLOCK_LEVEL
 
 
 class SampleEngine(wiring.Component):
@@ -214,7 +216,7 @@ class SampleEngine(wiring.Component):
 
         # the nest; its bounds with the run-time ones: the kept count and PSG's passes
         s.abort = Signal()
-        m.submodules.nest = s.nest = nest = ResetInserter(s.abort)(LoopNest(self.gen_bits))
+        m.submodules.nest = s.nest = nest = ResetInserter(s.abort)(LoopNest(self.gen_bits, levels=LEVELS))
         s.kept_count = Signal(range(bld.max_width + 1))
         s.passes = Signal(range(3))
         m.d.comb += s.passes.eq(Mux(s.is_["weight_grad"] & self.psg, 2, 1))
@@ -234,9 +236,10 @@ class SampleEngine(wiring.Component):
             "a": Mux(s.is_["argmax"] | s.is_["loss"], bld.grad_words,
                      Mux(s.is_["requant"], bld.scratch_entries, self.act_words)),
             "g": bld.grad_words,
-            "o": Mux(s.is_["argmax"] | s.is_["loss"], bld.max_batch,
+            "o": Mux(s.gradish, spec.GRAD_HOLD,
+                     Mux(s.is_["argmax"] | s.is_["loss"], bld.max_batch,
                      Mux(s.is_["logits"] | s.is_["requant"], bld.grad_words,
-                         Mux(s.is_["input_grad"], bld.scratch_entries, self.act_words))),
+                         Mux(s.is_["input_grad"], bld.scratch_entries, self.act_words)))),
         }
         for g in s.gens:
             m.d.comb += [getattr(nest, f"base_{g}").eq(s.bases[g]),
@@ -257,8 +260,8 @@ class SampleEngine(wiring.Component):
         # the index of the kept channel level (the kept list's address)
         s.c_idx = Signal(range(bld.max_width + 1))
         with m.If(s.issue & s.is_["input_grad"]):
-            m.d.sync += s.c_idx.eq(Mux(s.last[3], 0, s.c_idx + 1))
-        with m.If(s.issue & s.gradish & s.last[1] & s.last[2] & s.last[3]):
+            m.d.sync += s.c_idx.eq(Mux(s.last[INNER], 0, s.c_idx + 1))
+        with m.If(s.issue & s.gradish & s.last[1:].all()):
             m.d.sync += s.c_idx.eq(s.c_idx + 1)
         m.d.comb += s.k_rd.addr.eq(s.c_idx)
         s.kept_j = s.k_rd.data[:self.width_bits]
@@ -311,12 +314,12 @@ class SampleEngine(wiring.Component):
     def _forward(self, m, s):
         P, LOGP = s.P, self.logp
         on = s.forwardish
-        last_k = s.last[3]
+        last_k = s.last[INNER]
         with m.If(on & s.nest.valid & last_k & (s.reserve != 0)):
             m.d.comb += s.stall.eq(1)
         with m.If(s.issue & on & last_k):
             m.d.sync += s.reserve.eq(P + SNAP_LATENCY - 1)
-        live0 = Mux(s.last[1], s.thermo, s.all_lanes)
+        live0 = Mux(s.last[BLOCK], s.thermo, s.all_lanes)
         s1 = _Stage(m, "f1", P, len(s.addr["w"]), len(s.addr["o"]))
         s2 = _Stage(m, "f2", P, 0, len(s.addr["o"]))
         s3 = _Stage(m, "f3", P, 0, len(s.addr["o"]))
@@ -326,10 +329,10 @@ class SampleEngine(wiring.Component):
         on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
         with m.If(on):
             m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
-        m.d.sync += [s1.valid.eq(s.issue & on), s1.first.eq(s.first[3]), s1.last.eq(last_k),
+        m.d.sync += [s1.valid.eq(s.issue & on), s1.first.eq(s.first[INNER]), s1.last.eq(last_k),
                      s1.w.eq(s.addr["w"]), s1.o.eq(s.addr["o"]), s1.live.eq(live0)]
         with m.If(s.issue & on):
-            m.d.sync += s.count("act_reads", Mux(s.last[1], s.tail, P))
+            m.d.sync += s.count("act_reads", Mux(s.last[BLOCK], s.tail, P))
         # t+1: gate the zero lanes; read the weight unless every lane is gated
         nonzero = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
         on1 = s1.live & Mux(self.zero_skip, nonzero, s.all_lanes)
@@ -373,7 +376,7 @@ class SampleEngine(wiring.Component):
         s.in_flight.append(v1 | v2)
         with m.If(on):
             m.d.comb += s.gmem.rd.addr.eq(s.addr["a"])
-        m.d.sync += [v1.eq(s.issue & on), f1.eq(s.first[3]), l1.eq(s.last[3]),
+        m.d.sync += [v1.eq(s.issue & on), f1.eq(s.first[INNER]), l1.eq(s.last[INNER]),
                      lane1.eq(s.addr["o"][:LOGP]), n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
         with m.If(s.issue & on):
             m.d.sync += s.count("grad_reads")
@@ -446,8 +449,8 @@ class SampleEngine(wiring.Component):
         scoring = on & ~s.dense
         with m.If(scoring):
             m.d.comb += s.gmem.rd.addr.eq(s.addr["g"])
-        m.d.sync += [v1.eq(s.issue & scoring), first1.eq(s.first[3]), last1.eq(s.last[3]),
-                     live1.eq(Mux(s.last[3], s.thermo, s.all_lanes))]
+        m.d.sync += [v1.eq(s.issue & scoring), first1.eq(s.first[INNER]),
+                     last1.eq(s.last[INNER]), live1.eq(Mux(s.last[INNER], s.thermo, s.all_lanes))]
         mags = [Mux(live1[i], abs(s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()), 0)
                 for i in range(P)]
         total = Signal(score.shape())
@@ -515,9 +518,9 @@ class SampleEngine(wiring.Component):
     def _input_grad(self, m, s):
         P = s.P
         on = s.is_["input_grad"]
-        with m.If(on & s.nest.valid & s.last[3] & (s.reserve != 0)):
+        with m.If(on & s.nest.valid & s.last[INNER] & (s.reserve != 0)):
             m.d.comb += s.stall.eq(1)
-        with m.If(s.issue & on & s.last[3]):
+        with m.If(s.issue & on & s.last[INNER]):
             m.d.sync += s.reserve.eq(P)
         i1 = _Stage(m, "ig1", P, len(s.addr["w"]), len(s.addr["o"]))
         g1 = Signal(len(s.addr["g"]))
@@ -531,9 +534,10 @@ class SampleEngine(wiring.Component):
         s.in_flight.append(i1.valid | i2.valid | i3.valid | i4.valid | i5.valid)
         with m.If(on):
             m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
-        m.d.sync += [i1.valid.eq(s.issue & on), i1.first.eq(s.first[3]), i1.last.eq(s.last[3]),
+        m.d.sync += [i1.valid.eq(s.issue & on), i1.first.eq(s.first[INNER]),
+                     i1.last.eq(s.last[INNER]),
                      i1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]), i1.o.eq(s.addr["o"]),
-                     i1.live.eq(Mux(s.last[1], s.thermo, s.all_lanes))]
+                     i1.live.eq(Mux(s.last[BLOCK], s.thermo, s.all_lanes))]
         # t+1: the kept channel's j and j*K; the activation word's signs at the first c
         positive = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
         relu_now = Mux(i1.first, positive, relu)
@@ -614,48 +618,65 @@ class SampleEngine(wiring.Component):
 
     # ---------------------------------------------------------------- weight gradient
     def _weight_grad(self, m, s):
-        """The weight gradient of (j, k) across the lanes and blocks; PSG's passes."""
-        P = s.P
+        """The weight gradient of each (j, k) of a group of GRAD_HOLD inputs across the lanes
+        and blocks (the block's dY word read once for the group); PSG's passes."""
+        P, R = s.P, spec.GRAD_HOLD
         on = s.gradish
+        BL, PL = dataflow.GRAD_BLOCK_LEVEL, dataflow.PASS_LEVEL
         low_mode = s.is_["psg_max"] | (self.psg & ~s.pass1_at)
-        # t: the kept channel (c_idx) and the activation word
-        w1 = _Stage(m, "wg1", P, len(s.addr["w"]), 0)
+        # t: the kept channel (c_idx) and the activation word; o is the input's place in
+        # its group (its accumulator)
+        w1 = _Stage(m, "wg1", P, len(s.addr["w"]), len(s.addr["o"]))
         g1 = Signal(len(s.addr["g"]))
-        p1, low1 = Signal(name="wg1_pass"), Signal(name="wg1_low")
-        # the second pass's first step waits for the decision of the first
-        pass1 = s.last[dataflow.PASS_LEVEL] & (s.passes == 2)
-        with m.If(on & s.nest.valid & pass1 & s.first[3] & ~s.decided):
+        p1, low1, fb1, lb1 = (Signal(name=f"wg1_{n}") for n in ("pass", "low", "fb", "lb"))
+        # the second pass's first step waits for the decisions of the group's first
+        pass1 = s.last[PL] & (s.passes == 2)
+        group_start = s.first[BL] & s.first[INNER]
+        with m.If(on & s.nest.valid & pass1 & group_start & ~s.decided):
             m.d.comb += s.stall.eq(1)
-        with m.If(s.issue & on & pass1 & s.first[3]):
+        with m.If(s.issue & on & pass1 & group_start):
             m.d.sync += s.decided.eq(0)
         m.d.comb += s.pass1_at.eq(pass1)
         with m.If(on):
             m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
-        m.d.sync += [w1.valid.eq(s.issue & on), w1.first.eq(s.first[3]), w1.last.eq(s.last[3]),
-                     w1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]),
-                     w1.live.eq(Mux(s.last[3], s.thermo, s.all_lanes)),
-                     p1.eq(pass1), low1.eq(low_mode)]
-        # t+1: dY's word of the kept channel; the gated lanes
+        m.d.sync += [w1.valid.eq(s.issue & on), w1.first.eq(s.first[INNER]),
+                     w1.last.eq(s.last[INNER]), w1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]),
+                     w1.o.eq(s.addr["o"]), w1.live.eq(Mux(s.last[BL], s.thermo, s.all_lanes)),
+                     p1.eq(pass1), low1.eq(low_mode), fb1.eq(s.first[BL]), lb1.eq(s.last[BL])]
+        # t+1: dY's word of the kept channel (the group's first input of a block); the gates
         g_final = g1 + s.kept_j
         w_final = w1.w + s.kept_jk
         nonzero = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
-        skipped = p1 & s.confident          # a confident (j, k): no second pass
+        skipped = p1 & s.confident.bit_select(w1.o, 1)     # a confident (j, k): no 2nd pass
         on1 = Mux(skipped, 0, w1.live & Mux(self.zero_skip, nonzero, s.all_lanes))
         with m.If(w1.valid):
             m.d.comb += s.gmem.rd.addr.eq(g_final)
             with m.If((w_final >= self.weight_depth) | (g_final >= self.build.grad_words)):
                 m.d.comb += s.bad_address.eq(1)
-        w2 = _Stage(m, "wg2", P, len(s.addr["w"]), 0)
+        w2 = _Stage(m, "wg2", P, len(s.addr["w"]), len(s.addr["o"]))
         on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
-        p2, low2, skip2 = Signal(name="wg2_pass"), Signal(name="wg2_low"), Signal(name="wg2_skip")
+        p2, low2, skip2, fb2, lb2 = (Signal(name=f"wg2_{n}")
+                                     for n in ("pass", "low", "skip", "fb", "lb"))
         m.d.sync += [w2.valid.eq(w1.valid & ~s.bad_address), w2.first.eq(w1.first),
-                     w2.last.eq(w1.last),
-                     w2.w.eq(w_final), w2.live.eq(w1.live), on2.eq(on1),
-                     act2.eq(s.amem.rd.data), p2.eq(p1), low2.eq(low1), skip2.eq(skipped)]
-        # t+2: operands: dY[b, j] and A[b, k], or their high bits (PSG's prediction)
+                     w2.last.eq(w1.last), w2.w.eq(w_final), w2.o.eq(w1.o), w2.live.eq(w1.live),
+                     on2.eq(on1), act2.eq(s.amem.rd.data), p2.eq(p1), low2.eq(low1),
+                     skip2.eq(skipped), fb2.eq(fb1), lb2.eq(lb1)]
+        # t+2: the held dY word (taken at the group's first input of the block); operands:
+        # dY[b, j] and A[b, k], or their high bits (PSG's prediction)
+        dy_hold = Signal(P * spec.GRAD_BITS)
+        dy_word = Mux(w2.first, s.gmem.rd.data, dy_hold)
+        with m.If(w2.valid & w2.first):
+            m.d.sync += dy_hold.eq(s.gmem.rd.data)
+            # counted when a pass needs the word: PSG's second pass of a group that is
+            # confident everywhere reads nothing
+            with m.If(~(p2 & ~s.uncertain_any)):
+                with m.If(low2):
+                    m.d.sync += s.count("grad_msb_lane_reads", popcount(w2.live))
+                with m.Else():
+                    m.d.sync += s.count("grad_lane_reads", popcount(w2.live))
         with m.If(w2.valid):
             for i in range(P):
-                dy = s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()
+                dy = dy_word.word_select(i, spec.GRAD_BITS).as_signed()
                 a = act2.word_select(i, spec.ACT_BITS)
                 mag = (abs(dy) >> (spec.GRAD_BITS - spec.PSG_GRAD_MSBS)).as_signed()
                 hi_dy = Mux(dy < 0, -mag, mag)
@@ -667,67 +688,73 @@ class SampleEngine(wiring.Component):
                 lanes_live = popcount(w2.live)
                 with m.If(low2):
                     m.d.sync += [s.count("mac_weight_grad_low", popcount(on2)),
-                                 s.count("act_msb_reads", lanes_live),
-                                 s.count("grad_msb_lane_reads", popcount(on2))]
+                                 s.count("act_msb_reads", lanes_live)]
                 with m.Else():
                     m.d.sync += [s.count("mac_weight_grad", popcount(on2)),
-                                 s.count("act_reads", lanes_live),
-                                 s.count("grad_lane_reads", popcount(on2))]
+                                 s.count("act_reads", lanes_live)]
             # zero skips: once per (j, k), in its first pass (not in psg_max)
             with m.If(~p2 & s.is_["weight_grad"]):
                 m.d.sync += s.count("skip_zero", popcount(w2.live & ~on2))
         # t+3, t+4: the products; the tree's sum registered at t+5
-        stages = [(Signal(name=f"wg{n}_valid"), Signal(name=f"wg{n}_first"),
-                   Signal(name=f"wg{n}_last"), Signal(len(s.addr["w"]), name=f"wg{n}_w"),
-                   Signal(name=f"wg{n}_pass"), Signal(name=f"wg{n}_low"),
-                   Signal(range(P + 1), name=f"wg{n}_on")) for n in range(3, 6)]
-        m.d.sync += [a.eq(b) for a, b in zip(stages[0], (w2.valid, w2.first, w2.last, w2.w,
-                                                         p2, low2, popcount(on2)))]
+        fields = (("valid", 1), ("fb", 1), ("lb", 1), ("last", 1), ("w", len(s.addr["w"])),
+                  ("o", len(s.addr["o"])), ("pass", 1), ("on", range(P + 1)))
+        stages = [{f: Signal(shape, name=f"wg{n}_{f}") for f, shape in fields}
+                  for n in range(3, 6)]
+        first_values = {"valid": w2.valid, "fb": fb2, "lb": lb2, "last": w2.last, "w": w2.w,
+                        "o": w2.o, "pass": p2, "on": popcount(on2)}
+        m.d.sync += [stages[0][f].eq(v) for f, v in first_values.items()]
         for sa, sb in zip(stages, stages[1:]):
-            m.d.sync += [b.eq(a) for a, b in zip(sa, sb)]
-        s.in_flight.append(w1.valid | w2.valid | Cat(*[st[0] for st in stages]) != 0)
-        v4, f4, l4, wa4, pa4, lo4, on4 = stages[1]
-        v5, f5, l5, wa5, pa5, lo5, on5 = stages[2]
+            m.d.sync += [sb[f].eq(sa[f]) for f, _ in fields]
+        s.in_flight.append(w1.valid | w2.valid | Cat(*[st["valid"] for st in stages]).any())
+        t5 = stages[2]
         tree = Signal(signed(s.LACC), name="wg_tree")
         m.d.sync += tree.eq(tree_sum([s.lanes.product(i) for i in range(P)]))
-        # t+5: accumulate over the sample blocks; the live MACs of the first pass
-        G = Signal(signed(s.LACC), name="wg_sum")
-        g_now = Mux(f5, 0, G) + tree
-        macs = Signal(range(self.build.max_batch * 2 + 1))
-        macs_now = Mux(f5, 0, macs) + on5
-        with m.If(v5):
-            m.d.sync += [G.eq(g_now), macs.eq(macs_now)]
-        # the end of a pass over the samples of (j, k)
-        with m.If(v5 & l5):
+        # t+5: the input's accumulator over the blocks, and its live MACs (PSG's skips)
+        acc = Array(Signal(signed(s.LACC), name=f"wg_sum{i}") for i in range(R))
+        macs = Array(Signal(range(2 * self.build.max_batch + 1), name=f"wg_macs{i}")
+                     for i in range(R))
+        g_now = Mux(t5["fb"], 0, acc[t5["o"]]) + tree
+        macs_now = Mux(t5["fb"], 0, macs[t5["o"]]) + t5["on"]
+        with m.If(t5["valid"]):
+            m.d.sync += [acc[t5["o"]].eq(g_now), macs[t5["o"]].eq(macs_now)]
+        # the end of a pass over the blocks of (j, k)
+        with m.If(t5["valid"] & t5["lb"]):
             with m.If(s.is_["psg_max"]):
                 with m.If(abs(g_now) > s.largest):
                     m.d.sync += s.largest.eq(abs(g_now))
-            with m.Elif(self.psg & ~pa5):
+            with m.Elif(self.psg & ~t5["pass"]):
                 # the prediction: confident where |pred| > tau (the sign steps it next pass)
                 sure = abs(g_now) > s.tau
-                m.d.sync += [s.confident.eq(sure), s.pred_negative.eq(g_now < 0),
-                             s.decided.eq(1)]
+                m.d.sync += [s.confident.bit_select(t5["o"], 1).eq(sure),
+                             s.pred_negative.bit_select(t5["o"], 1).eq(g_now < 0),
+                             s.uncertain_any.eq(Mux(t5["o"] == 0, 0, s.uncertain_any) | ~sure)]
                 with m.If(sure):
                     m.d.sync += s.count("skip_psg", macs_now)
+                with m.If(t5["last"]):
+                    m.d.sync += s.decided.eq(1)
             with m.Else():
-                m.d.comb += [s.upd_start.eq(1), s.upd_addr.eq(wa5), s.upd_value.eq(g_now)]
+                m.d.comb += [s.upd_start.eq(1), s.upd_addr.eq(t5["w"]), s.upd_value.eq(g_now),
+                             s.upd_sure.eq(s.confident.bit_select(t5["o"], 1)),
+                             s.upd_pred_negative.eq(s.pred_negative.bit_select(t5["o"], 1))]
 
     # ---------------------------------------------------------------- update
     def _update(self, m, s):
         """W[j, k] from its gradient: SGD W - round_shift(G, shift), or PSG's sign step
-        W - sign * 2**step; only a changed weight is written."""
+        W - sign * 2**step (the prediction's sign where it was confident); only a changed
+        weight is written."""
         u1, u2, u3 = (Signal(name=f"up{n}_valid") for n in range(1, 4))
         a1, a2, a3 = (Signal(self.w_bits, name=f"up{n}_addr") for n in range(1, 4))
-        neg1, neg2 = Signal(), Signal()
+        neg1, neg2, zero1, zero2 = (Signal(name=f"up_{n}") for n in ("n1", "n2", "z1", "z2"))
         new3 = Signal(spec.WEIGHT_BITS)
         changed3 = Signal()
         s.in_flight.append(u1 | u2 | u3)
         with m.If(s.upd_start & ~self.psg):
             m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(s.upd_value),
                          s.shifter.shift.eq(s.upd_shift)]
-        sign_negative = Mux(s.confident, s.pred_negative, s.upd_value < 0)
-        m.d.sync += [u1.eq(s.upd_start), a1.eq(s.upd_addr), neg1.eq(sign_negative),
-                     u2.eq(u1), a2.eq(a1), neg2.eq(neg1), u3.eq(u2), a3.eq(a2)]
+        m.d.sync += [u1.eq(s.upd_start), a1.eq(s.upd_addr),
+                     neg1.eq(Mux(s.upd_sure, s.upd_pred_negative, s.upd_value < 0)),
+                     zero1.eq(~s.upd_sure & (s.upd_value == 0)),
+                     u2.eq(u1), a2.eq(a1), neg2.eq(neg1), zero2.eq(zero1), a3.eq(a2)]
         # u1: read the weight; u2: the new weight
         with m.If(u1):
             m.d.comb += [s.w_rd.addr.eq(a1), s.w_rd.en.eq(1)]
@@ -735,13 +762,9 @@ class SampleEngine(wiring.Component):
         old = s.w_rd.data.as_signed()
         step = Const(1, signed(spec.WEIGHT_BITS + 2)) << self.psg_step_shift
         sgd = old - s.shifter.out
-        # PSG: the sign of the prediction where confident, else of the full gradient (0: none)
-        zero = s.zero_grad2
-        sign_step = Mux(zero, 0, Mux(neg2, -step, step))
+        sign_step = Mux(zero2, 0, Mux(neg2, -step, step))
         new = clamp_signed(Mux(self.psg, old - sign_step, sgd), spec.WEIGHT_BITS)
         m.d.sync += [u3.eq(u2), new3.eq(new), changed3.eq(new != old)]
-        z1 = Signal()
-        m.d.sync += [z1.eq(~s.confident & (s.upd_value == 0)), zero.eq(z1)]
         with m.If(u3 & changed3):
             m.d.comb += [s.w_wr.addr.eq(a3), s.w_wr.data.eq(new3), s.w_wr.en.eq(1)]
             m.d.sync += s.count("weight_writes")
@@ -754,7 +777,7 @@ class SampleEngine(wiring.Component):
         trained = Signal()                  # the program ran a loss phase: a training step
         m.d.comb += s.prog_rd.addr.eq(s.pc + ld)
         # the phase's program words into its registers: word i arrives when ld = i + 1
-        targets = [None] * (dataflow.HEADER_WORDS + LEVELS // 2)
+        targets = [None] * (dataflow.HEADER_WORDS + dataflow.BOUND_WORDS)
         for g in s.gens:
             targets += [s.bases[g]] + s.deltas[g]
         word = s.prog_rd.data
@@ -788,10 +811,11 @@ class SampleEngine(wiring.Component):
                             for name, (at, off, width) in dataflow.HEADER_FIELDS.items():
                                 if at == w:
                                     m.d.sync += s.header[name].eq(word[off:off + width])
-                    for i in range(LEVELS // 2):
+                    for i in range(dataflow.BOUND_WORDS):
                         with m.Case(1 + dataflow.HEADER_WORDS + i):
-                            m.d.sync += [s.bounds[2 * i].eq(word[:dataflow.BOUND_BITS]),
-                                         s.bounds[2 * i + 1].eq(word[dataflow.BOUND_BITS:])]
+                            m.d.sync += s.bounds[2 * i].eq(word[:dataflow.BOUND_BITS])
+                            if 2 * i + 1 < LEVELS:
+                                m.d.sync += s.bounds[2 * i + 1].eq(word[dataflow.BOUND_BITS:])
                     for i, reg in enumerate(targets):
                         if reg is not None:
                             with m.Case(i + 1):
@@ -814,6 +838,7 @@ class SampleEngine(wiring.Component):
                 # its bulk skips: batch * N * K for each pass SLU leaves out, and
                 # batch * (N - keep) * K for each pass ssProp thins
                 m.d.sync += [s.correction.eq(s.correction + s.pending), s.pending.eq(0),
+                             s.largest.eq(0),
                              nk.eq(s.N * s.K), keep_raw.eq(s.N * self.keep_q8)]
                 m.next = "BOOK2"
             with m.State("BOOK2"):
@@ -838,13 +863,11 @@ class SampleEngine(wiring.Component):
                     m.next = "NEXT"
             with m.State("START"):
                 m.d.comb += [s.nest.start.eq(1), s.phase_started.eq(1)]
-                m.d.sync += [s.c_idx.eq(0), s.decided.eq(0), s.confident.eq(0)]
+                m.d.sync += [s.c_idx.eq(0), s.decided.eq(0)]
                 with m.If(s.is_["input_grad"]):
                     m.d.comb += s.req.clear.eq(1)
                 with m.If(s.is_["requant"]):
                     m.d.comb += s.req.latch.eq(1)
-                with m.If(s.is_["psg_max"]):
-                    m.d.sync += s.largest.eq(0)
                 with m.If(s.is_["loss"]):
                     m.d.sync += trained.eq(1)
                 m.next = "RUN"
@@ -923,7 +946,11 @@ class _Core:
         m.d.comb += self.upd_shift.eq(Mux(shift < 0, 0, Mux(shift > spec.UPDATE_SHIFT_MAX,
                                                              spec.UPDATE_SHIFT_MAX, shift)))
         # PSG: the decision of the (j, k) in flight; the relative threshold
-        self.decided, self.confident, self.pred_negative = Signal(), Signal(), Signal()
+        self.decided = Signal()
+        self.confident = Signal(spec.GRAD_HOLD)        # per input of the group in flight
+        self.pred_negative = Signal(spec.GRAD_HOLD)
+        self.uncertain_any = Signal()
+        self.upd_sure, self.upd_pred_negative = Signal(), Signal()
         self.pass1_at = Signal()
         lacc = max(bld.lane_acc_bits(), bld.dx_acc_bits())
         self.largest = Signal(lacc)
@@ -933,7 +960,6 @@ class _Core:
         self.upd_start = Signal()
         self.upd_addr = Signal(engine.w_bits)
         self.upd_value = Signal(signed(lacc))
-        self.zero_grad2 = Signal()
 
     def count(self, name, amount=1):
         ev = self.events[name]
