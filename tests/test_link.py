@@ -326,8 +326,13 @@ def test_uart_rx_ignores_glitch_and_counts_overrun():
 
 
 def test_uart_divisor_rejects_bad_values():
-    from ember_hw.uart import uart_divisor
-    assert uart_divisor(48_000_000) == 48_000_000 // spec.DEFAULT_BAUD
+    from ember_hw.uart import baud_error, uart_divisor
+    assert uart_divisor(48_000_000, spec.DEFAULT_BAUD) == 48_000_000 // spec.DEFAULT_BAUD
+    assert baud_error(48_000_000, spec.DEFAULT_BAUD) == pytest.approx(48e6 / 416 / 115200 - 1)
+    assert baud_error(24_000_000, 3_000_000) == 0.0
+    # 40 MHz / 13 = 3.077 Mbaud: 2.6 % fast, beyond the 2 % allowed
+    with pytest.raises(ValueError, match="divisor 13 is off by 2.6%"):
+        uart_divisor(40_000_000, 3_000_000)
     with pytest.raises(ValueError, match="at least 4"):
         uart_divisor(300_000, 115200)
     with pytest.raises(ValueError, match="off by"):
