@@ -322,30 +322,27 @@ BUILDS = {
     # with their weights in two SPRAMs (2 x 16K words, 32K weights), layers up to 64 wide and
     # 3 deep, batches up to 16, and no PSG or ssProp units. 64-32-10 on digits needs 2,368
     # weights, 1,536 activation bytes, 512 gradient words and 512 dX entries at batch 16.
+    # 3 Mbaud: 8 cycles of 24 MHz per bit (exact) and 12 MHz / 4 on the FT2232H; 6 Mbaud
+    # (4 cycles, ember_hw.uart.MIN_DIVISOR) would put the receiver's one sample per bit
+    # anywhere from 50 to 75 % into the bit (docs/boards.md, "The link").
     "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS, act_bytes=2048,
                         grad_words=512, scratch_entries=512, max_batch=16, max_layers=3,
                         max_width=64, clock_hz=24_000_000, baud=3_000_000, weight_spram=True,
                         features=("zero_skip", "slu")),
-    # baud: 3 Mbaud is 8 cycles of 24 MHz per bit (exact) and 12 MHz / 4 on the FT2232H.
-    # 6 Mbaud (4 cycles, ember_hw.uart.MIN_DIVISOR) would leave the receiver's one sample
-    # per bit anywhere from 50 to 75 % into the bit; docs/boards.md "The link" says why 8 is
-    # the rate chosen.
     # a small build for fast RTL tests (Icarus included) and the CI bitstream of the ULX3S
     # flow (tests/test_bitstream.py): it routes at 47 to 57 MHz on the ECP5-85F, so 40 MHz
-    # leaves margin for other nextpnr versions
+    # leaves margin for other nextpnr versions; 2 Mbaud is 20 cycles of 40 MHz and a rate the
+    # ULX3S's FT231X makes (3 Mbaud would be 13.3 cycles per bit: 2.6 % off with 13)
     "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
                   scratch_entries=256, max_batch=8, max_layers=4, max_width=64,
                   clock_hz=40_000_000, baud=2_000_000),
-    # (2 Mbaud: 20 cycles of 40 MHz, a rate the ULX3S's FT231X makes; 3 Mbaud would be
-    # 13.3 cycles per bit, 2.6 % off with 13)
     # 30 MHz: the 32-lane build routes at 41.9 MHz for this target (docs/boards.md); at 35 MHz
     # routing did not converge. The aim is 100 MHz.
     # 1024 weight words per lane (32 K weights; 784-32-10 needs 816 words) keep each lane's
-    # weights in one DP16KD.
+    # weights in one DP16KD. 3 Mbaud, the FT231X's fastest rate: 10 cycles of 30 MHz per bit.
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=30_000_000, baud=3_000_000),
-    # (3 Mbaud: the FT231X's fastest rate, 10 cycles of 30 MHz per bit, exact)
 }
 DEFAULT_BUILD = BUILDS["sim"]
 #: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's
@@ -578,6 +575,7 @@ def read_only_values(build):
         "max_width": build.max_width, "counters": len(COUNTERS),
         "features": build.feature_mask(), "baud": build.baud,
     }
+
 
 #: The checks a train or infer command passes before it starts, in the order the engine makes
 #: them (ember_hw.stepcheck.StepCheck; the model: check_command). "layers" and "batch" first;
