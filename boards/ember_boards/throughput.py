@@ -83,6 +83,7 @@ def implied(figures, clock_mhz, baud):
 
 
 def _summary(r):
+    resident = r["resident_samples_per_s"]
     return "\n".join([
         f"{r['board']}: {r['lanes']} lanes, batch {r['batch_size']}, "
         f"{r['cycles_per_train_sample']} cycles per training sample at {r['clock_mhz']:g} MHz "
@@ -91,7 +92,7 @@ def _summary(r):
         f"{r['link_bytes_per_train_sample']} bytes per sample",
         f"  samples/s: engine {r['engine_samples_per_s']}, link {r['link_samples_per_s']}, "
         f"streaming {r['streaming_samples_per_s']} (bound by the {r['bound_by']}), "
-        f"resident {r['resident_samples_per_s'] if r['resident_samples_per_s'] is not None else 'n/a (no resident data yet)'}",
+        "resident " + (str(resident) if resident is not None else "n/a (no resident data yet)"),
     ])
 
 

@@ -8,7 +8,8 @@ the "regs" region), which the model backend answers the host with; both read the
 What it holds, at the word offsets of ``spec.REGISTERS`` and ``spec.LAYER_BASE``:
 
 - the read-only values that describe the build (id, version, lanes, memory sizes, limits,
-  counter count, FEATURES, BAUD: spec.read_only_values), and STATUS (``busy``) and CORRECT (``correct``) from the sequencer;
+  counter count, FEATURES, BAUD: spec.read_only_values), and STATUS (``busy``) and CORRECT
+  (``correct``) from the sequencer;
 - one register per read-write setting, ``Setting.bits`` wide. A write of a value outside the
   setting's lo..hi is answered ``bad_value`` and changes nothing (issue 15: never truncated).
   A setting of an optional unit the build leaves out has no register: it reads as its
