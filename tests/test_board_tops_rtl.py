@@ -10,12 +10,10 @@ is ModelDevice of that build.
 
 What is not the bitstream's netlist: the PLL is modelled (it passes through a clock the bench
 drives at the PLL's output frequency and raises LOCK after 64 cycles), the pins' vendor buffer
-primitives are Amaranth's generic buffers, and the UART runs at 8 clock cycles per bit instead
-of spec.DEFAULT_BAUD (board_sim's docstring says why).
+primitives are Amaranth's generic buffers. The UART runs at the bitstream's rate, the board
+build's baud: 3 Mbaud, 8 clock cycles per bit on the iCEBreaker and 10 on the ULX3S.
 """
 
-import importlib
-import inspect
 import json
 from pathlib import Path
 
@@ -76,6 +74,7 @@ def test_board_top_through_its_uart_pins(board, simulator):
     where = f"{board} top on {simulator}"
 
     assert got[0] == want[0] and got[0]["build"] == board, where
+    assert got[0]["baud"] == build.baud == 3_000_000, where      # the BAUD register
     assert got[1] == want[1], f"correct count ({where})"
     assert got[2] == want[2], f"predictions ({where})"
     for layer, (a, b) in enumerate(zip(got[3], want[3])):
@@ -102,8 +101,8 @@ def test_board_top_through_its_uart_pins(board, simulator):
 
 @pytest.mark.parametrize("board", board_sim.BOARDS)
 def test_board_top_pins_are_module_ports(board):
-    """The simulated top's ports are its board pins (a tiny build elaborates quickly); the
-    real top keeps spec.DEFAULT_BAUD unless asked otherwise."""
+    """The simulated top's ports are its board pins (a tiny build elaborates quickly); its
+    UART runs at the board's bitstream's rate (its clock and baud, whatever the build)."""
     text, top = board_sim.board_verilog(board, spec.BUILDS["tiny"])
     header = text[text.index(f"module {top.toplevel}("):].split(";", 1)[0]
     pins = {top.clock, top.rx, top.tx, *(pin for pin, _ in top.leds.values())}
@@ -111,6 +110,9 @@ def test_board_top_pins_are_module_ports(board):
     assert f"input {top.clock};" in text and f"input {top.rx};" in text
     assert f"output {top.tx};" in text
     assert ("SB_PLL40_PAD" if board == "icebreaker" else "EHXPLLL") in text
-    assert top.clock_hz == spec.BUILDS[board].clock_hz and top.divisor == 8
-    top_class = getattr(importlib.import_module(f"ember_boards.{board}"), board_sim.TOPS[board])
-    assert inspect.signature(top_class).parameters["baud"].default == spec.DEFAULT_BAUD
+    assert top.clock_hz == spec.BUILDS[board].clock_hz
+    assert top.divisor == {"icebreaker": 8, "ulx3s": 10}[board] == board_sim.DEFAULT_DIVISOR[board]
+    assert top.build.baud == spec.BUILDS[board].baud == top.clock_hz / top.divisor
+    # another divisor: the build's baud (the BAUD register) follows it
+    _, fast = board_sim.board_verilog(board, spec.BUILDS["tiny"], divisor=5)
+    assert fast.divisor == 5 and fast.build.baud == spec.BUILDS[board].clock_hz // 5

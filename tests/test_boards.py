@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from amaranth import Module, ResetSignal, Signal
+from amaranth import Fragment, Module, ResetSignal, Signal
 from amaranth.sim import Simulator
 
 from ember import spec
@@ -87,6 +87,9 @@ def test_uart_divisors_of_the_board_clocks():
     assert uart_divisor(100_000_000, spec.DEFAULT_BAUD) == 868
     for divisor, clk in ((312, 36e6), (868, 100e6)):
         assert abs(clk / divisor - spec.DEFAULT_BAUD) / spec.DEFAULT_BAUD < 0.005
+    # the boards' own rates at their PLL clocks: 3 Mbaud, 8 and 10 cycles per bit, exact
+    assert uart_divisor(spec.BUILDS["icebreaker"].clock_hz, spec.BUILDS["icebreaker"].baud) == 8
+    assert uart_divisor(spec.BUILDS["ulx3s"].clock_hz, spec.BUILDS["ulx3s"].baud) == 10
 
 
 # ---------------------------------------------------------------------------------------- reset
@@ -127,8 +130,25 @@ def test_reset_held_until_lock_and_hold_time():
 # ---------------------------------------------------------------------------------------- tops
 
 def small_build(board):
-    # the tiny engine elaborates in a second; the board's clock keeps the real PLL setting
-    return dataclasses.replace(spec.BUILDS["tiny"], clock_hz=spec.BUILDS[board].clock_hz)
+    # the tiny engine elaborates in a second; the board's clock and baud keep the real PLL
+    # setting and UART
+    return dataclasses.replace(spec.BUILDS["tiny"], clock_hz=spec.BUILDS[board].clock_hz,
+                               baud=spec.BUILDS[board].baud)
+
+
+@pytest.mark.parametrize("board, top_class", [("icebreaker", icebreaker.ICEBreakerTop),
+                                               ("ulx3s", ulx3s.ULX3STop)])
+def test_top_builds_its_uart_at_the_builds_baud(board, top_class):
+    """The UART the elaborated top holds runs within 0.5 % of its build's baud at the clock
+    its PLL gives (both boards: exactly)."""
+    plat = icebreaker.platform() if board == "icebreaker" else ulx3s.platform()
+    top = top_class(small_build(board))
+    Fragment.get(top, plat)
+    engine = top.engine
+    assert engine.divisor == {"icebreaker": 8, "ulx3s": 10}[board]
+    rate = top.clock_hz / engine.divisor
+    assert abs(rate / spec.BUILDS[board].baud - 1) < 0.005
+    assert rate == spec.BUILDS[board].baud
 
 
 def test_icebreaker_top_elaborates_with_pins_and_pll():
@@ -224,7 +244,13 @@ def test_implied_throughput_arithmetic():
     figures = {"cycles_per_train_sample": 400.0, "cycles_per_infer_sample": 100.0,
                "utilization": {"forward": 0.5}, "link_bytes_per_train_sample": 72.0}
     r = implied(figures, 20.0, baud=115200)
-    assert r["engine_train_samples_per_s"] == 50_000          # 20e6 / 400
-    assert r["link_train_samples_per_s"] == 160.0             # 11520 bytes/s / 72
-    assert r["bound_by"] == "link"
+    assert r["engine_samples_per_s"] == 50_000                # 20e6 / 400
+    assert r["link_samples_per_s"] == 160.0                   # 11520 bytes/s / 72
+    # one after the other: 1 / (1/50000 + 1/160)
+    assert r["streaming_samples_per_s"] == 159.5
+    assert r["bound_by"] == "link" and r["baud"] == 115200
+    assert r["resident_samples_per_s"] is None
+    fast = implied(figures, 20.0, baud=3_000_000)
+    assert fast["link_samples_per_s"] == 4166.7               # 300,000 bytes/s / 72
+    assert fast["streaming_samples_per_s"] == 3846.2
     assert implied(figures, 20.0, baud=10**9)["bound_by"] == "engine"

@@ -107,9 +107,14 @@ def test_link_byte_is_the_chip_and_bridge_power_over_a_byte_time_at_the_baud():
     p["link_mw"] = 2.0
     m = energy.EnergyModel(p, ICE)
     chip_mw = p["static_mw"] + p["clock_pj_per_cycle"] * ICE.clock_hz * 1e-9
-    byte_s = 10 / spec.DEFAULT_BAUD
+    byte_s = 10 / ICE.baud                  # the iCEBreaker's 3 Mbaud: 3.33 us a byte
+    assert ICE.baud == 3_000_000
     assert m.per_event["link_rx_bytes"] == pytest.approx((2.0 + chip_mw) * 1e-3 * byte_s * 1e12)
     assert m.per_event["link_tx_bytes"] == m.per_event["link_rx_bytes"]
+    # the same profile on the same build at the generic port's 115200 baud: 26 x the time
+    slow = energy.EnergyModel(p, replace(ICE, baud=spec.DEFAULT_BAUD))
+    assert slow.per_event["link_rx_bytes"] == pytest.approx(
+        m.per_event["link_rx_bytes"] * ICE.baud / spec.DEFAULT_BAUD)
 
 
 def test_horowitz45_is_unchanged_and_the_default_off_the_boards():

@@ -6,6 +6,7 @@ Python bus slave checks the bus handshake on every cycle.
 """
 
 import gc
+import math
 import random
 import struct
 import warnings
@@ -21,6 +22,7 @@ from ember.protocol import (END, ESC, Link, LinkError, LinkState, SlipDecoder, d
                             encode_request, execute_request, seal, slip_encode)
 from ember_hw.link import LinkBridge
 from ember_hw.uart import UARTRx, UARTTx
+from ember_sim import board_sim
 
 READ, WRITE = spec.LINK_COMMANDS["read"], spec.LINK_COMMANDS["write"]
 MAX = spec.LINK_MAX_WORDS
@@ -325,9 +327,59 @@ def test_uart_rx_ignores_glitch_and_counts_overrun():
     assert len(overruns) == 1 and not frame_errors
 
 
+def _sender_levels(data, bit_cycles, phase, idle=6):
+    """The line, one level per clock cycle, from a sender whose bits last `bit_cycles` (not
+    a whole number: its clock differs from the receiver's) and whose first start edge falls
+    `phase` of a cycle after a clock edge; bytes back to back, then idle."""
+    bits = [b for byte in data for b in [0] + [(byte >> k) & 1 for k in range(8)] + [1]]
+    cycles = int(idle + phase + len(bits) * bit_cycles) + 1
+    out = []
+    for c in range(cycles):
+        k = math.floor((c - idle - phase) / bit_cycles)
+        out.append(bits[k] if 0 <= k < len(bits) else 1)
+    return out
+
+
+@pytest.mark.parametrize("divisor", sorted({8, 10, *board_sim.DEFAULT_DIVISOR.values()}))
+def test_uart_rx_at_the_board_divisors_takes_a_sender_3_percent_off(divisor):
+    """At the boards' 8 and 10 cycles per bit, back-to-back bytes from a sender 3 % fast or
+    slow are all received, whatever the phase of the first start edge against the clock.
+    (A fast sender is the hard case: each stop bit's sample must come before the next start
+    bit, and the receiver, back in IDLE only after that sample, sees each start edge up to a
+    cycle late. At 8 cycles 3.5 % fast still passes here and 4 % does not.)"""
+    data = bytes([0x55, 0x00, 0xFF, 0xA5, 0x0F])
+    for error in (-0.03, 0.03):
+        for tenth in range(10):
+            levels = _sender_levels(data, divisor * (1 + error), tenth / 10)
+            got, frame_errors, overruns = _drive_rx(levels, divisor)
+            assert bytes(got) == data and not frame_errors and not overruns, (error, tenth)
+
+
+def test_uart_rx_at_4_cycles_per_bit_loses_a_sender_3_percent_fast():
+    """At 4 cycles per bit (6 Mbaud at the iCEBreaker's 24 MHz), a clock cycle of lateness is
+    a quarter of a bit: back-to-back bytes from a sender 3 % fast are lost at most phases
+    (a stop bit's sample falls in the next start bit). 2 % fast still passes. One reason the
+    iCEBreaker runs at 8 cycles (docs/boards.md, "The link")."""
+    data = bytes([0x55, 0x00, 0xFF, 0xA5, 0x0F])
+    lost = []
+    for tenth in range(10):
+        got, frame_errors, _ = _drive_rx(_sender_levels(data, 4 * 0.97, tenth / 10), 4)
+        if bytes(got) != data or frame_errors:
+            lost.append(tenth)
+    assert lost and len(lost) < 10      # the edge on a clock edge (phase 0) is still in time
+    for tenth in range(10):
+        got, frame_errors, _ = _drive_rx(_sender_levels(data, 4 * 0.98, tenth / 10), 4)
+        assert bytes(got) == data and not frame_errors, tenth
+
+
 def test_uart_divisor_rejects_bad_values():
-    from ember_hw.uart import uart_divisor
-    assert uart_divisor(48_000_000) == 48_000_000 // spec.DEFAULT_BAUD
+    from ember_hw.uart import baud_error, uart_divisor
+    assert uart_divisor(48_000_000, spec.DEFAULT_BAUD) == 48_000_000 // spec.DEFAULT_BAUD
+    assert baud_error(48_000_000, spec.DEFAULT_BAUD) == pytest.approx(48e6 / 416 / 115200 - 1)
+    assert baud_error(24_000_000, 3_000_000) == 0.0
+    # 40 MHz / 13 = 3.077 Mbaud: 2.6 % fast, beyond the 2 % allowed
+    with pytest.raises(ValueError, match="divisor 13 is off by 2.6%"):
+        uart_divisor(40_000_000, 3_000_000)
     with pytest.raises(ValueError, match="at least 4"):
         uart_divisor(300_000, 115200)
     with pytest.raises(ValueError, match="off by"):

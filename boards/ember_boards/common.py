@@ -8,9 +8,9 @@ after configuration (Amaranth's own iCE40 clock domain waits 15 us for the same 
 gives the PLL output time to settle. Losing lock asserts reset again at once (asynchronously);
 release is synchronous to the engine clock.
 
-`engine_on_uart(m, platform, build, clk_hz, leds, baud)` adds `EngineUartTop(build)` with the
-UART divisor of `baud` (spec.DEFAULT_BAUD unless a simulation asks for a faster line) for the
-clock the PLL really gives, wires it to ``platform.request("uart")`` and drives
+`engine_on_uart(m, platform, build, clk_hz, leds)` adds `EngineUartTop(build)` with the
+UART divisor of `build.baud` (the board's rate; a simulation may give a build with another)
+for the clock the PLL really gives, wires it to ``platform.request("uart")`` and drives
 three LEDs: ``busy`` (a command is running), ``link_busy`` (the bridge is handling a frame)
 and ``heartbeat`` (toggles about once a second while the engine clock runs and is out of
 reset). Busy pulses are stretched to about 0.1 s (2 to 3 ticks of 2**(n-4) cycles) so
@@ -73,16 +73,15 @@ def output_pin(m: Module, platform, name, number=0):
 ENGINE_CORE_CELLS = "engine.top.core."
 
 
-def engine_on_uart(m: Module, platform, build: spec.Build, clk_hz, leds,
-                   baud=spec.DEFAULT_BAUD):
-    """Add the engine (``m.submodules.engine``) on the board's UART at `baud`.
+def engine_on_uart(m: Module, platform, build: spec.Build, clk_hz, leds):
+    """Add the engine (``m.submodules.engine``) on the board's UART at `build.baud`, which its
+    BAUD register reads back.
 
     `clk_hz` is the engine clock the PLL gives; `leds` maps "busy", "link_busy" and
-    "heartbeat" to 1-bit output signals (`output_pin`). `baud` is spec.DEFAULT_BAUD on a real
-    board; simulations (ember_sim.board_sim) pass a rate of a few clock cycles per bit.
-    Returns the engine top.
+    "heartbeat" to 1-bit output signals (`output_pin`). Returns the engine top.
+    Raises ValueError (uart_divisor) if `clk_hz` cannot make `build.baud`.
     """
-    divisor = uart_divisor(int(round(clk_hz)), baud)
+    divisor = uart_divisor(int(round(clk_hz)), build.baud)
     m.submodules.engine = engine = EngineUartTop(build, divisor)
     uart = platform.request("uart", 0, dir="-")
     # the UART receiver has its own synchronizer, so the pin needs no register here

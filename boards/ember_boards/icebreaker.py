@@ -5,7 +5,8 @@ SB_PLL40_PAD (the pad drives the PLL directly and leaves the global buffer to it
 `ice40_pll(12 MHz, build.clock_hz)` picks the dividers; for the 24 MHz target that is
 DIVR=0, DIVF=63, DIVQ=5, FILTER_RANGE=1: 12 MHz x 64 = 768 MHz VCO / 32 = 24.000 MHz exactly.
 
-UART: the FTDI's second channel (pins 6 rx, 9 tx) at spec.DEFAULT_BAUD.
+UART: the FT2232H's second channel (pins 6 rx, 9 tx) at build.baud: 3 Mbaud for
+spec.BUILDS["icebreaker"], 8 cycles of 24 MHz per bit.
 LEDs: red (pin 11) busy, green (pin 37) heartbeat, and the snap-off board's LED 2 (PMOD2 pin 7)
 link_busy; if the snap-off board is detached that pin is simply an unused PMOD output.
 """
@@ -18,7 +19,7 @@ from ember import spec
 from .common import engine_domain, engine_on_uart, hold_cycles_for, output_pin
 from .pll import ice40_pll
 
-__all__ = ["BOARD", "ICEBreakerTop", "platform"]
+__all__ = ["BOARD", "pll_for", "ICEBreakerTop", "platform"]
 
 BOARD = "icebreaker"
 #: The board oscillator (ICEBreakerPlatform's "clk12").
@@ -38,19 +39,24 @@ def platform(platform_class=ICEBreakerPlatform):
     return plat
 
 
+def pll_for(build):
+    """The PLL setting (PllConfig) that makes `build.clock_hz` from the board's oscillator."""
+    return ice40_pll(BOARD_CLOCK_HZ, build.clock_hz)
+
+
 class ICEBreakerTop(Elaboratable):
     """The engine on an iCEBreaker.
 
     build: the engine build (default spec.BUILDS["icebreaker"]); its clock_hz is the PLL target.
-    baud: the UART's rate (default spec.DEFAULT_BAUD); a simulation of the top
-    (ember_sim.board_sim) passes a much faster one so its bytes take a few cycles per bit.
-    Attribute ``pll``: the PllConfig used; ``clock_hz``: the engine clock it gives.
+    The UART runs at build.baud (a simulation of the top, ember_sim.board_sim, may give a
+    build with another rate).
+    Attribute ``pll``: the PllConfig used; ``clock_hz``: the engine clock it gives; after
+    elaboration, ``engine``: the EngineUartTop (its ``divisor`` is the UART's).
     """
 
-    def __init__(self, build=spec.BUILDS[BOARD], baud=spec.DEFAULT_BAUD):
+    def __init__(self, build=spec.BUILDS[BOARD]):
         self.build = build
-        self.baud = baud
-        self.pll = ice40_pll(BOARD_CLOCK_HZ, build.clock_hz)
+        self.pll = pll_for(build)
         self.clock_hz = self.pll.f_out_hz
 
     def elaborate(self, platform):
@@ -72,5 +78,5 @@ class ICEBreakerTop(Elaboratable):
         # clock's constraint (its log: "Derived frequency constraint ... for net clk")
         engine_domain(m, pll_clk, pll_lock, hold_cycles_for(self.clock_hz))
         leds = {role: output_pin(m, platform, *resource) for role, resource in LEDS.items()}
-        engine_on_uart(m, platform, self.build, self.clock_hz, leds, self.baud)
+        self.engine = engine_on_uart(m, platform, self.build, self.clock_hz, leds)
         return m

@@ -4,7 +4,8 @@ Clock: the board's 25 MHz oscillator (pin G2) feeds an EHXPLLL with CLKOP fed ba
 `ecp5_pll(25 MHz, build.clock_hz)` picks the dividers; for the 30 MHz target that is
 CLKI_DIV=5, CLKFB_DIV=6, CLKOP_DIV=20: 25 MHz / 5 x 6 = 30.000 MHz exactly, VCO 600 MHz.
 
-UART: the FTDI (FPGA pins M1 rx, L4 tx) at spec.DEFAULT_BAUD.
+UART: the FT231X (FPGA pins M1 rx, L4 tx) at build.baud: 3 Mbaud for spec.BUILDS["ulx3s"] (the
+FT231X's fastest rate), 10 cycles of 30 MHz per bit.
 LEDs: LED 0 busy, LED 1 link_busy, LED 7 heartbeat.
 
 Floorplan: each lane's multiplier is fixed to a DSP site (`lane_multiplier_sites`), the
@@ -31,7 +32,7 @@ from ember import spec
 from .common import ENGINE_CORE_CELLS, engine_domain, engine_on_uart, hold_cycles_for, output_pin
 from .pll import ecp5_pll
 
-__all__ = ["BOARD", "EmberULX3SPlatform", "ULX3STop", "floorplan_script",
+__all__ = ["BOARD", "pll_for", "EmberULX3SPlatform", "ULX3STop", "floorplan_script",
            "lane_multiplier_sites", "platform"]
 
 BOARD = "ulx3s"
@@ -104,19 +105,24 @@ def platform(platform_class=EmberULX3SPlatform):
     return platform_class()
 
 
+def pll_for(build):
+    """The PLL setting (PllConfig) that makes `build.clock_hz` from the board's oscillator."""
+    return ecp5_pll(BOARD_CLOCK_HZ, build.clock_hz)
+
+
 class ULX3STop(Elaboratable):
     """The engine on a ULX3S-85F.
 
     build: the engine build (default spec.BUILDS["ulx3s"]); its clock_hz is the PLL target.
-    baud: the UART's rate (default spec.DEFAULT_BAUD); a simulation of the top
-    (ember_sim.board_sim) passes a much faster one so its bytes take a few cycles per bit.
-    Attribute ``pll``: the PllConfig used; ``clock_hz``: the engine clock it gives.
+    The UART runs at build.baud (a simulation of the top, ember_sim.board_sim, may give a
+    build with another rate).
+    Attribute ``pll``: the PllConfig used; ``clock_hz``: the engine clock it gives; after
+    elaboration, ``engine``: the EngineUartTop (its ``divisor`` is the UART's).
     """
 
-    def __init__(self, build=spec.BUILDS[BOARD], baud=spec.DEFAULT_BAUD):
+    def __init__(self, build=spec.BUILDS[BOARD]):
         self.build = build
-        self.baud = baud
-        self.pll = ecp5_pll(BOARD_CLOCK_HZ, build.clock_hz)
+        self.pll = pll_for(build)
         self.clock_hz = self.pll.f_out_hz
 
     def elaborate(self, platform):
@@ -147,5 +153,5 @@ class ULX3STop(Elaboratable):
         # clock's constraint (its log: "Derived frequency constraint ... for net clk")
         engine_domain(m, pll_clk, pll_lock, hold_cycles_for(self.clock_hz))
         leds = {role: output_pin(m, platform, *resource) for role, resource in LEDS.items()}
-        engine_on_uart(m, platform, self.build, self.clock_hz, leds, self.baud)
+        self.engine = engine_on_uart(m, platform, self.build, self.clock_hz, leds)
         return m

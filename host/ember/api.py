@@ -31,7 +31,7 @@ from .spec import ConfigError
 from .trainer import Trainer, load_checkpoint as _read_checkpoint, save_checkpoint
 
 
-def open_device(target="model", *, build=None, simulator="verilator", baud=spec.DEFAULT_BAUD,
+def open_device(target="model", *, build=None, simulator="verilator", baud=None,
                 port=None, **options):
     """Open an Ember engine; use it as a context manager (or call close()).
 
@@ -41,7 +41,8 @@ def open_device(target="model", *, build=None, simulator="verilator", baud=spec.
             or pyserial URL ("/dev/ttyUSB1", "socket://host:port"): a real board.
     build:  the build name (spec.BUILDS) whose limits the model and sim backends take
             (default "sim"); a board reports its own.
-    baud:   a board's baud rate (bits per second).
+    baud:   a board's baud rate (bits per second); default the rate of Ember's board
+            bitstreams (device.open_board). The board's BAUD register must match it.
     Other options go to the backend (device.open_sim: uart=True, log=PATH).
     """
     if target not in BACKENDS:

@@ -58,8 +58,10 @@ def add_device_options(p):
     p.add_argument("--uart", action="store_true",
                    help="sim backend: every byte crosses the engine's UART as bits")
     p.add_argument("--port", help="board backend: serial port name or pyserial URL")
-    p.add_argument("--baud", type=int, default=spec.DEFAULT_BAUD,
-                   help=f"board backend: baud rate (default {spec.DEFAULT_BAUD})")
+    bauds = ", ".join(f"{board} {baud}" for board, baud in spec.board_bauds().items())
+    p.add_argument("--baud", type=int, default=None,
+                   help=f"board backend: baud rate (default: the rate of Ember's board "
+                        f"bitstreams, {bauds}; the board's BAUD register must match it)")
     p.add_argument("--build", choices=sorted(spec.BUILDS), default="sim",
                    help="engine build whose limits and lane count apply (default: sim)")
 

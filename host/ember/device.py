@@ -101,7 +101,7 @@ def build_info(build):
         "act_bytes": build.act_bytes, "grad_words": build.grad_words,
         "scratch_entries": build.scratch_entries,
         "max_batch": build.max_batch, "max_layers": build.max_layers,
-        "max_width": build.max_width, "clock_hz": build.clock_hz,
+        "max_width": build.max_width, "clock_hz": build.clock_hz, "baud": build.baud,
         "features": list(build.features), "version": __version__,
     }
 
@@ -110,7 +110,7 @@ def build_of(info):
     """The spec.Build an identify() answer describes (the inverse of build_info)."""
     fields = {f: info[f] for f in ("lanes", "weight_words", "act_bytes", "grad_words",
                                    "scratch_entries", "max_batch", "max_layers", "max_width",
-                                   "clock_hz")}
+                                   "clock_hz", "baud")}
     return spec.Build(name=info["build"], features=tuple(info["features"]), **fields)
 
 
@@ -159,6 +159,7 @@ class EngineDevice(Device):
                                 scratch_entries=regs["scratch_entries"],
                                 max_batch=regs["max_batch"], max_layers=regs["max_layers"],
                                 max_width=regs["max_width"], clock_hz=base.clock_hz,
+                                baud=regs["baud"],
                                 features=tuple(f for i, f in enumerate(spec.FEATURES)
                                                if regs["features"] >> i & 1))
         self.layers = None
@@ -310,7 +311,7 @@ class EngineDevice(Device):
             closer()
 
 
-def _open_link(url, baud=spec.DEFAULT_BAUD, timeout=None, retries=5):
+def _open_link(url, baud, timeout=None, retries=5):
     import serial
     from .protocol import Link
     try:
@@ -320,14 +321,41 @@ def _open_link(url, baud=spec.DEFAULT_BAUD, timeout=None, retries=5):
     return port, Link(port, retries=retries, timeout=timeout)
 
 
-def open_board(port, baud=spec.DEFAULT_BAUD, retries=5, timeout=None):
-    """A real board (or anything speaking the link) on a serial port name or pyserial URL."""
-    ser, link = _open_link(port, baud, timeout, retries)
-    try:
-        return EngineDevice(link, "board", closer=ser.close)
-    except Exception:
-        ser.close()
-        raise
+def _board_bauds_text():
+    return ", ".join(f"{board} {baud}" for board, baud in spec.board_bauds().items())
+
+
+def open_board(port, baud=None, retries=5, timeout=None):
+    """A real board (or anything speaking the link) on a serial port name or pyserial URL.
+
+    baud: the rate to open the port at; by default each rate of Ember's board bitstreams
+    (spec.board_bauds(): the boards' builds' Build.baud) in turn, until one answers. The
+    board's BAUD register must then read the rate the port was opened at; if it does not,
+    or if nothing answers, ConfigError names the rates tried and the builds' rates."""
+    tried = [baud] if baud else sorted(set(spec.board_bauds().values()))
+    silence = None
+    for rate in tried:
+        ser, link = _open_link(port, rate, timeout, retries)
+        try:
+            device = EngineDevice(link, "board", closer=ser.close)
+        except LinkError as e:
+            ser.close()
+            if e.status != "no_response":
+                raise
+            silence = e
+            continue
+        except Exception:
+            ser.close()
+            raise
+        if device.build.baud != rate:
+            device.close()
+            raise ConfigError(f"the board on {port!r} answered at {rate} baud, but its build "
+                              f"'{device.build.name}' runs its UART at {device.build.baud} baud "
+                              f"(its BAUD register); open it at {device.build.baud}")
+        return device
+    raise ConfigError(f"no answer from {port!r} at {' or '.join(map(str, tried))} baud; Ember's "
+                      f"board bitstreams run at: {_board_bauds_text()} (Build.baud), and a board "
+                      f"opened at another rate than its bitstream's does not answer ({silence})")
 
 
 class SimulationClock:
@@ -378,7 +406,7 @@ class SimulationClock:
 
 
 #: Simulated seconds the sim backend's Link waits for an answer: far beyond any frame's
-#: (the longest, at the board tops' 8 cycles per UART bit, takes about 11 ms of a 30 MHz
+#: (the longest, at the ULX3S top's 10 cycles per UART bit, takes about 14 ms of its 30 MHz
 #: clock); the wall time it takes does not matter (SimulationClock).
 SIM_LINK_TIMEOUT_S = 1.0
 
@@ -443,7 +471,7 @@ def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=No
         time.sleep(0.05)
     with open(port_file) as f:
         port = int(f.read())
-    ser, link = _open_link(f"socket://127.0.0.1:{port}", timeout=SIM_LINK_TIMEOUT_S)
+    ser, link = _open_link(f"socket://127.0.0.1:{port}", build.baud, timeout=SIM_LINK_TIMEOUT_S)
     link.clock = SimulationClock(progress_file, proc, log_path)
 
     def close():

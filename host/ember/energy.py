@@ -9,8 +9,8 @@ A profile (ember/assets/<name>.json, or any JSON file with the same keys) is one
   (`logic_add_pj_per_bit`), a block RAM or SPRAM access of the block's width
   (`bram_access_pj`, `spram_access_pj`), static power (`static_mw`, charged per engine
   cycle at the build's clock), clock distribution per cycle (`clock_pj_per_cycle`) and the
-  link (`link_mw` while a byte is on the UART at spec.DEFAULT_BAUD, plus the chip's static
-  and clock power over that byte's time).
+  link (`link_mw` while a byte is on the UART at the build's Build.baud, plus the chip's
+  static and clock power over that byte's time).
 
 `EnergyModel` turns a profile into a cost for each counter of spec.COUNTERS for one build
 (lane count, memory sizes, clock, which memory is SPRAM), as docs/energy.md explains.
@@ -193,8 +193,8 @@ def _fpga_per_event(p, b):
     memory is SPRAM when the build keeps it there (Build.weight_spram), every other memory
     block RAM. Each engine cycle costs the static power over one clock period plus the
     clock distribution; each link byte the bridge and I/O power (`link_mw`) plus the chip's
-    static and clock power over the byte's time on the line at spec.DEFAULT_BAUD (the engine
-    counts only the cycles a command runs, and it waits while bytes cross)."""
+    static and clock power over the byte's time on the line at the build's baud (Build.baud;
+    the engine counts only the cycles a command runs, and it waits while bytes cross)."""
     add_bit = float(p["logic_add_pj_per_bit"])
     mult = float(p["dsp_mult_pj"])
     bram = _access_pj(p["bram_access_pj"], p["bram_width_bits"])
@@ -204,7 +204,7 @@ def _fpga_per_event(p, b):
     acc = add_bit * b.lane_acc_bits()
     cycle = float(p["static_mw"]) * 1e9 / b.clock_hz + float(p["clock_pj_per_cycle"])
     chip_mw = float(p["static_mw"]) + float(p["clock_pj_per_cycle"]) * b.clock_hz * 1e-9
-    byte_s = spec.UART_FRAME_BITS / spec.DEFAULT_BAUD
+    byte_s = spec.UART_FRAME_BITS / b.baud
     link_byte = (float(p["link_mw"]) + chip_mw) * 1e9 * byte_s
     return {
         "mac_forward": mult + acc,

@@ -103,7 +103,7 @@ class Board:
 
 
 def boards_from(count=None, ports=None, backend="model", build=spec.DEFAULT_BUILD.name,
-                baud=spec.DEFAULT_BAUD, simulator="verilator", uart=False):
+                baud=None, simulator="verilator", uart=False):
     """The boards of `--boards N` and `--ports A,B,...`.
 
     ports: entries 'model' and 'sim' name those backends; any other entry is a serial port

@@ -175,6 +175,9 @@ DATAFLOWS = ("outputs", "samples")
 #: this many consecutive inputs k (one accumulator each, after the lanes' adder tree), so each
 #: lane reads its dY entry once per group of inputs instead of once per MAC.
 GRAD_HOLD = 4
+#: The UART rate of a generic serial port, and of a build that names no other (Build.baud).
+#: The boards' builds run faster (BUILDS["icebreaker"].baud, BUILDS["ulx3s"].baud).
+DEFAULT_BAUD = 115200
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,12 @@ class Build:
                      broadcast (ember_hw.engine); "samples": engine v2's lanes over P samples,
                      the weight broadcast (ember.dataflow, ember_hw.sample_engine). The event
                      counts of the two differ in the reads (docs/numerics.md).
+    baud:            the UART rate of the build's board top, bits per second (8N1): its
+                     bitstream's UART runs at it (ember_boards.common.engine_on_uart divides
+                     clock_hz by it), the BAUD register reads it, the host opens the board's
+                     port at it and the energy model charges each link byte its time on the
+                     line at it. A board build's must be a rate its USB-serial bridge makes
+                     (docs/boards.md, "The link").
     weight_spram:    keep the weight memory in iCE40 UltraPlus SPRAM (one SB_SPRAM256KA per
                      lane, so lanes <= SPRAM_BLOCKS and weight_words <= SPRAM_WORDS) instead of
                      a generic memory (block RAM). Only the iCE40UP bitstream and RTL
@@ -210,6 +219,7 @@ class Build:
     max_layers: int = MAX_LAYERS
     max_width: int = 1024
     clock_hz: int = 48_000_000
+    baud: int = DEFAULT_BAUD
     weight_spram: bool = False
     features: tuple = FEATURES
     dataflow: str = "outputs"
@@ -326,25 +336,37 @@ BUILDS = {
     # with their weights in two SPRAMs (2 x 16K words, 32K weights), layers up to 64 wide and
     # 3 deep, batches up to 16, and no PSG or ssProp units. 64-32-10 on digits needs 2,368
     # weights, 1,536 activation bytes, 512 gradient words and 512 dX entries at batch 16.
+    # 3 Mbaud: 8 cycles of 24 MHz per bit (exact) and 12 MHz / 4 on the FT2232H; 6 Mbaud
+    # (4 cycles, ember_hw.uart.MIN_DIVISOR) would put the receiver's one sample per bit
+    # anywhere from 50 to 75 % into the bit (docs/boards.md, "The link").
     "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS, act_bytes=2048,
                         grad_words=512, scratch_entries=512, max_batch=16, max_layers=3,
-                        max_width=64, clock_hz=24_000_000, weight_spram=True,
+                        max_width=64, clock_hz=24_000_000, baud=3_000_000, weight_spram=True,
                         features=("zero_skip", "slu")),
     # a small build for fast RTL tests (Icarus included) and the CI bitstream of the ULX3S
     # flow (tests/test_bitstream.py): it routes at 47 to 57 MHz on the ECP5-85F, so 40 MHz
-    # leaves margin for other nextpnr versions
+    # leaves margin for other nextpnr versions; 2 Mbaud is 20 cycles of 40 MHz and a rate the
+    # ULX3S's FT231X makes (3 Mbaud would be 13.3 cycles per bit: 2.6 % off with 13)
     "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
                   scratch_entries=256, max_batch=8, max_layers=4, max_width=64,
-                  clock_hz=40_000_000),
+                  clock_hz=40_000_000, baud=2_000_000),
     # 30 MHz: the 32-lane build routes at 41.9 MHz for this target (docs/boards.md); at 35 MHz
     # routing did not converge. The aim is 100 MHz.
     # 1024 weight words per lane (32 K weights; 784-32-10 needs 816 words) keep each lane's
-    # weights in one DP16KD.
+    # weights in one DP16KD. 3 Mbaud, the FT231X's fastest rate: 10 cycles of 30 MHz per bit.
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
-                   clock_hz=30_000_000),
+                   clock_hz=30_000_000, baud=3_000_000),
 }
 DEFAULT_BUILD = BUILDS["sim"]
+#: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's
+#: own build, and its baud the rate of the board's bitstream.
+BOARDS = ("icebreaker", "ulx3s")
+
+
+def board_bauds():
+    """{board: baud of its own build}: the rates of Ember's board bitstreams."""
+    return {board: BUILDS[board].baud for board in BOARDS}
 
 
 class ConfigError(ValueError):
@@ -496,8 +518,6 @@ assert max(LINK_STATUS.values()) < 1 << LINK_STATUS_BITS
 LABEL_BITS = 16
 #: Request commands.
 LINK_COMMANDS = {"read": 0x01, "write": 0x02}
-#: Default UART rate of the boards (a build parameter).
-DEFAULT_BAUD = 115200
 #: Bits on the line per byte (8N1: a start bit, 8 data bits, a stop bit).
 UART_FRAME_BITS = 10
 
@@ -530,6 +550,7 @@ REGISTERS = {
     "max_width": (0x08, "ro"),
     "counters": (0x09, "ro"),      # number of counters
     "features": (0x0B, "ro"),      # bit i: the build has FEATURES[i]
+    "baud": (0x0C, "ro"),          # Build.baud: the UART rate of the board top (bits/s)
     "control": (0x10, "wo"),       # CONTROL_* bits: start a command
     "status": (0x11, "ro"),        # bit 0 busy
     "correct": (0x12, "ro"),       # samples the last training batch classified correctly
@@ -551,8 +572,24 @@ LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 4              # 3: writes and commands checked in the engine (bad_value);
-                                # 4: abort, watchdog, the link answers while a command runs
+ENGINE_VERSION = 5              # 3: writes and commands checked in the engine (bad_value);
+                                # 4: abort, watchdog, the link answers while a command runs;
+                                # 5: the BAUD register
+
+
+def read_only_values(build):
+    """The value of each read-only register of `build` that describes it (not STATUS,
+    CORRECT, REJECTED nor STOPPED, which the engine drives): the register bank's constants
+    (ember_hw.regbank) and the virtual engine's (ember.virtual)."""
+    return {
+        "id": ENGINE_ID, "version": ENGINE_VERSION, "lanes": build.lanes,
+        "weight_words": build.weight_words, "act_bytes": build.act_bytes,
+        "grad_words": build.grad_words, "scratch_entries": build.scratch_entries,
+        "max_batch": build.max_batch, "max_layers": build.max_layers,
+        "max_width": build.max_width, "counters": len(COUNTERS),
+        "features": build.feature_mask(), "baud": build.baud,
+    }
+
 
 #: The checks a train or infer command passes before it starts, in the order the engine makes
 #: them (ember_hw.stepcheck.StepCheck; the model: check_command). "layers" and "batch" first;

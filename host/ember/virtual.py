@@ -47,12 +47,7 @@ class VirtualEngine:
         self.labels_written = 0             # bit w: label word w written at this class count
         self.link_rx = self.link_tx = 0
         self.link_state = protocol.LinkState()
-        self.ro = {"id": spec.ENGINE_ID, "version": spec.ENGINE_VERSION, "lanes": P,
-                   "weight_words": build.weight_words, "act_bytes": build.act_bytes,
-                   "grad_words": build.grad_words, "scratch_entries": build.scratch_entries,
-                   "max_batch": build.max_batch, "max_layers": build.max_layers,
-                   "max_width": build.max_width, "counters": len(spec.COUNTERS),
-                   "features": build.feature_mask()}
+        self.ro = spec.read_only_values(build)
         self._by_offset = {off: (name, mode) for name, (off, mode) in spec.REGISTERS.items()}
 
     # ---- bus
@@ -255,7 +250,9 @@ class VirtualPort:
         self._receiver = protocol.FrameReceiver()
         self._out = bytearray()
         self.timeout = 0
-        self.baudrate = spec.DEFAULT_BAUD
+        # the rate the engine's build says its board top runs at (a Link sizes its timeout
+        # from it); nothing here is timed by it
+        self.baudrate = engine.build.baud
 
     def write(self, data):
         data = bytes(data)

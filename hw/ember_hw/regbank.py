@@ -8,7 +8,8 @@ the "regs" region), which the model backend answers the host with; both read the
 What it holds, at the word offsets of ``spec.REGISTERS`` and ``spec.LAYER_BASE``:
 
 - the read-only values that describe the build (id, version, lanes, memory sizes, limits,
-  counter count, FEATURES), and STATUS (``busy``) and CORRECT (``correct``) from the sequencer;
+  counter count, FEATURES, BAUD: spec.read_only_values), and STATUS (``busy``) and CORRECT
+  (``correct``) from the sequencer;
 - one register per read-write setting, ``Setting.bits`` wide. A write of a value outside the
   setting's lo..hi is answered ``bad_value`` and changes nothing (issue 15: never truncated).
   A setting of an optional unit the build leaves out has no register: it reads as its
@@ -76,19 +77,6 @@ from .stepcheck import CountCheck, StepCheck
 REG_OFFSET_BITS = (spec.ADDRESS_MAP["regs"][1] - 1).bit_length()
 assert spec.ADDRESS_MAP["counters"] == (spec.ADDRESS_MAP["regs"][0] + (1 << REG_OFFSET_BITS),
                                         1 << REG_OFFSET_BITS)
-
-
-def read_only_values(build):
-    """The value of each read-only register of `build` that describes it (not STATUS nor
-    CORRECT, which the engine drives)."""
-    return {
-        "id": spec.ENGINE_ID, "version": spec.ENGINE_VERSION, "lanes": build.lanes,
-        "weight_words": build.weight_words, "act_bytes": build.act_bytes,
-        "grad_words": build.grad_words, "scratch_entries": build.scratch_entries,
-        "max_batch": build.max_batch, "max_layers": build.max_layers,
-        "max_width": build.max_width, "counters": len(spec.COUNTERS),
-        "features": build.feature_mask(),
-    }
 
 
 class RegisterBank(wiring.Component):
@@ -347,7 +335,7 @@ class RegisterBank(wiring.Component):
                     m.d.comb += ack(d_rd.data)
                     m.d.sync += desc_phase.eq(0)
 
-        ro_values = read_only_values(self.build)
+        ro_values = spec.read_only_values(self.build)
         with m.If(self.sel):
             with m.If(window == 0):
                 with m.Switch(reg_off):

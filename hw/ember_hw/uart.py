@@ -17,7 +17,7 @@ from ember import spec
 MIN_DIVISOR = 4
 
 
-def uart_divisor(clk_hz, baud=spec.DEFAULT_BAUD, tolerance=0.02):
+def uart_divisor(clk_hz, baud, tolerance=0.02):
     """Cycles per bit for `baud` at `clk_hz` (``clk_hz // baud``).
 
     Raises ValueError if that is below MIN_DIVISOR or if the truncation makes the real rate
@@ -32,6 +32,12 @@ def uart_divisor(clk_hz, baud=spec.DEFAULT_BAUD, tolerance=0.02):
         raise ValueError(f"{baud} baud at {clk_hz} Hz with divisor {divisor} is off by "
                          f"{error:.1%}; at most {tolerance:.1%} is allowed")
     return divisor
+
+
+def baud_error(clk_hz, baud):
+    """The UART's real rate at `clk_hz` (``clk_hz / uart_divisor(clk_hz, baud)``) relative to
+    `baud`, minus one: +0.0016 is 0.16 % fast. Raises ValueError as uart_divisor does."""
+    return clk_hz / uart_divisor(clk_hz, baud) / baud - 1
 
 
 def _check_divisor(divisor):

@@ -12,7 +12,8 @@ that file, and the host measures its link timeouts on it (ember.device.Simulatio
 With --top, the simulated design is a board's real top (ember_sim.board_sim: the PLL, reset
 hold, engine on the UART pins and LEDs of ember_boards.icebreaker or ember_boards.ulx3s, for
 the board's own build unless --build names another) and every byte crosses its UART pins as
-bits, --divisor clock cycles each (default ember_sim.board_sim.DEFAULT_DIVISOR). The bench's
+bits, --divisor clock cycles each (default the board's bitstream's, ember_sim.board_sim.
+DEFAULT_DIVISOR: its clock over its build's baud). The bench's
 findings (cycles, what the LED pins did) are printed as a last line
 ``board result: {json}``.
 """
@@ -72,8 +73,8 @@ def main(argv=None):
                          "(ember.device.SimulationClock)")
     ap.add_argument("--uart", action="store_true", help="bytes cross the engine's UART as bits")
     ap.add_argument("--divisor", type=int,
-                    help="clock cycles per UART bit (default 4; with --top, "
-                         "ember_sim.board_sim.DEFAULT_DIVISOR)")
+                    help="clock cycles per UART bit (default 4; with --top, the board's "
+                         "bitstream's: ember_sim.board_sim.DEFAULT_DIVISOR)")
     ap.add_argument("--accept-timeout", type=float, default=120.0)
     ap.add_argument("--build-only", action="store_true")
     args = ap.parse_args(argv)
@@ -101,7 +102,7 @@ def main(argv=None):
 def _serve_top(args):
     from ember_sim import board_sim, rtl
     build = spec.BUILDS[args.build or args.top]
-    divisor = args.divisor or board_sim.DEFAULT_DIVISOR
+    divisor = args.divisor or board_sim.DEFAULT_DIVISOR[args.top]
     sim_build, top = board_sim.build_board_top(args.top, args.simulator, build, divisor)
     if args.build_only:
         print(f"built {sim_build.toplevel} for {args.simulator} in {sim_build.seconds:.1f} s")

@@ -41,10 +41,10 @@ iCEBreaker simulation compiles a copy of it without that module (build/sim/model
 
 UART speed
 ----------
-At spec.DEFAULT_BAUD a byte is over 2,000 cycles of a 24 MHz clock, far too slow for a host
-session in simulation. The tops take a ``baud`` argument (ember_boards.common.engine_on_uart);
-here it is the top's clock divided by `divisor` (default 8 cycles per bit), and the bench's
-side of the line uses the same bit time. `make bitstream` keeps spec.DEFAULT_BAUD.
+The top's UART runs at its build's baud (ember_boards.common.engine_on_uart), by default the
+board's own: 3 Mbaud, 8 cycles per bit of the iCEBreaker's 24 MHz and 10 of the ULX3S's
+30 MHz, as in the bitstream. The bench's side of the line uses the same bit time. A `divisor`
+given instead makes the build's baud the clock divided by it (the BAUD register reads that).
 """
 
 import dataclasses
@@ -59,9 +59,11 @@ __all__ = ["BOARDS", "TOPS", "DEFAULT_DIVISOR", "PLL_MODELS", "BoardTopSim",
            "simulation_platform", "board_top", "toplevel_name", "board_verilog",
            "build_board_top", "model_sources"]
 
-BOARDS = ("icebreaker", "ulx3s")
-#: Clock cycles per UART bit in simulation (the real boards: 312 and 868 at 115200 baud).
-DEFAULT_DIVISOR = 8
+BOARDS = spec.BOARDS
+#: Clock cycles per UART bit of each board's bitstream (and so of its simulated top): its
+#: clock over its build's baud.
+DEFAULT_DIVISOR = {board: spec.BUILDS[board].clock_hz // spec.BUILDS[board].baud
+                   for board in BOARDS}
 PLL_MODELS = Path(__file__).resolve().parent / "models" / "pll_models.v"
 #: Reference cycles from reset release to LOCK in models/pll_models.v (parameter LOCK_CYCLES).
 PLL_LOCK_CYCLES = 64
@@ -147,19 +149,22 @@ def _board_module(board):
 TOPS = {"icebreaker": "ICEBreakerTop", "ulx3s": "ULX3STop"}
 
 
-def board_top(board, build=None, divisor=DEFAULT_DIVISOR):
+def board_top(board, build=None, divisor=None):
     """The real top of `board` for `build` (default the board's own), with a UART of `divisor`
-    clock cycles per bit. The top keeps its board's clock (the PLL setting of a bitstream)
-    whatever the build, as tests/test_boards.py does. Returns (module, top)."""
+    clock cycles per bit (default the board's, DEFAULT_DIVISOR). The top keeps its board's
+    clock (the PLL setting of a bitstream) and, unless `divisor` says otherwise, its board's
+    baud whatever the build, as tests/test_boards.py does. Returns (module, top)."""
     from ember_hw.uart import uart_divisor
     mod = _board_module(board)
     top_class = getattr(mod, TOPS[board])
-    build = dataclasses.replace(build or spec.BUILDS[board],
-                                clock_hz=spec.BUILDS[board].clock_hz)
-    top = top_class(build, baud=build.clock_hz // divisor)
+    divisor = divisor or DEFAULT_DIVISOR[board]
+    clock_hz = spec.BUILDS[board].clock_hz
+    build = dataclasses.replace(build or spec.BUILDS[board], clock_hz=clock_hz,
+                                baud=clock_hz // divisor)
+    top = top_class(build)
     # the top derives its divisor from the clock its PLL really gives
-    if uart_divisor(int(round(top.clock_hz)), top.baud) != divisor:
-        raise ValueError(f"{board}: {top.baud} baud is not {divisor} cycles per bit at "
+    if uart_divisor(int(round(top.clock_hz)), build.baud) != divisor:
+        raise ValueError(f"{board}: {build.baud} baud is not {divisor} cycles per bit at "
                          f"{top.clock_hz / 1e6:g} MHz")
     return mod, top
 
@@ -173,9 +178,10 @@ def toplevel_name(board, build, divisor):
     return name
 
 
-def board_verilog(board, build=None, divisor=DEFAULT_DIVISOR):
+def board_verilog(board, build=None, divisor=None):
     """Verilog of the board top with its pins as ports; returns (text, BoardTopSim)."""
     from ember_boards.common import hold_cycles_for
+    divisor = divisor or DEFAULT_DIVISOR[board]
     mod, top = board_top(board, build, divisor)
     name = toplevel_name(board, build or spec.BUILDS[board], divisor)
     plat = mod.platform(simulation_platform(type(mod.platform())))
@@ -227,7 +233,7 @@ def model_sources(board):
     return [PLL_MODELS], []
 
 
-def build_board_top(board, simulator, build=None, divisor=DEFAULT_DIVISOR):
+def build_board_top(board, simulator, build=None, divisor=None):
     """Compile (or reuse) the simulated top of `board`; returns (rtl.SimBuild, BoardTopSim)."""
     from ember_sim import rtl
     rtl.require_simulator(simulator)

@@ -19,6 +19,9 @@ Variants:
   "stream": EngineTop, bytes straight into the link bridge (fast);
   "uart":   EngineUartTop with a host-side UART pair, so every byte crosses the engine's
             UART pins as bits (8N1, `divisor` cycles per bit).
+Either way the BAUD register reads the build's Build.baud, as the model backend's does: this
+board has no PLL clock to divide, and the sim backend opens no serial port to compare it with
+(the board tops of ember_sim.board_sim run at their build's baud).
 """
 
 from amaranth import Cat, Module, Mux, Signal
