@@ -33,7 +33,8 @@ reads what this one wrote). A backward phase whose layer the SLU mask leaves out
 after its header. The kept channel level's bound is the kept count of the layer's select
 phase, and the PSG pass level's bound is 2 under PSG, else 1.
 
-The phases (cycle t: the nest presents the step and it is taken):
+The phases (cycle t: the nest presents the step and it is taken; levels are named outermost
+first, each nest padded with bound-1 levels at the outer end to ember.dataflow.LEVELS):
 
 - forward, logits (levels: sample block s, output j, input k): t reads the activation word;
   t+1 gates the lanes whose activation is zero and reads W[j, k] unless every lane is gated;
@@ -50,12 +51,15 @@ The phases (cycle t: the nest presents the step and it is taken):
   dX (zero where the activation is) to the scratch and tracks the batch's largest |dX|.
 - requant (s, lane, k): dX through the rounding shifter by the batch's scale into dY of the
   layer below (ember_hw.requant).
-- weight_grad (kept c, k, pass, s): each lane's dY[b, j] * A[b, k] summed across the lanes
-  (an adder tree) and the sample blocks; at the last s the update: SGD through the rounding
-  shifter, or under PSG a first pass of the high bits' products (the prediction) and a
-  second pass at full precision only where the prediction is not confident; the sign step.
-  The second pass's first step waits for the decision.
-- psg_max (kept c, k, 1, s): PSG's relative threshold, the layer's largest |prediction|.
+- weight_grad (kept c, input group, pass, s, input in the group): each lane's
+  dY[b, j] * A[b, k] summed across the lanes (an adder tree) and the sample blocks into the
+  input's accumulator (one per input of the group); the block's dY word is read at the
+  group's first input and held for the rest (spec.GRAD_HOLD). At the last s the update: SGD
+  through the rounding shifter, or under PSG a first pass of the high bits' products (the
+  prediction) and a second pass at full precision only where the prediction is not
+  confident; the sign step. The second pass's first step waits for the group's decisions.
+- psg_max (the same nest, one pass): PSG's relative threshold, the layer's largest
+  |prediction|.
 """
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
