@@ -61,10 +61,12 @@ def test_infer_program_predicts_as_the_golden_model(seed):
         {n: gv2.counters[n] for n in spec.EXACT_COUNTERS}
 
 
-#: The counters the dataflow changes: v2 reads a weight once per sample block and an
-#: activation word per step (v1: a weight per MAC, an activation per block of outputs). The
-#: input batch's act_writes are the memory window's (the bus), not the core's.
-DATAFLOW_COUNTERS = ("weight_reads", "act_reads", "act_msb_reads", "act_writes")
+#: The counters the dataflow changes: v2 reads a weight once per sample block, an activation
+#: word per step and, in the weight gradient, a dY word per group of spec.GRAD_HOLD inputs
+#: (v1: a weight and a dY entry per MAC, an activation per block of outputs). The input
+#: batch's act_writes are the memory window's (the bus), not the core's.
+DATAFLOW_COUNTERS = ("weight_reads", "act_reads", "act_msb_reads", "grad_lane_reads",
+                     "grad_msb_lane_reads", "act_writes")
 
 
 def random_settings(rng, n_layers):
@@ -125,3 +127,28 @@ def test_a_network_too_big_for_the_memories_is_refused():
                        match="64-64-64 at batch 64 needs 1024 gradient words; the build has 128"):
         dataflow.train_program([64, 64, 64], dataclasses.replace(BUILD, grad_words=128), 64,
                                [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decode_gives_back_the_encoded_phases(seed):
+    """The program memory's words decode to the phases they encode (strides recovered from
+    the deltas), for train programs with and without PSG's relative pass, and infer."""
+    rng = np.random.default_rng(300 + seed)
+    layers, batch, weights, shifts, x = random_case(rng)
+    for phases in (dataflow.train_program(layers, BUILD, batch, shifts),
+                   dataflow.train_program(layers, BUILD, batch, shifts, psg_relative=True),
+                   dataflow.infer_program(layers, BUILD, batch, shifts)):
+        assert dataflow.decode(dataflow.encode(phases, BUILD)) == phases
+
+
+def test_decode_refuses_unknown_kinds_and_truncated_programs():
+    words = dataflow.encode(dataflow.infer_program([4, 3, 2], BUILD, 5,
+                                                   [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT]), BUILD)
+    with pytest.raises(spec.ConfigError, match="without an end phase"):
+        dataflow.decode(words[:-dataflow.HEADER_WORDS])
+    with pytest.raises(spec.ConfigError, match="inside the phase at word 0"):
+        dataflow.decode(words[:10])
+    bad = list(words)
+    bad[0] = (bad[0] & ~0xF) | 0xF
+    with pytest.raises(spec.ConfigError, match="word 0: phase kind 15 is not one of"):
+        dataflow.decode(bad)

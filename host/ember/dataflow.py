@@ -280,6 +280,48 @@ def encode(phases, build):
     return words
 
 
+def _signed(word):
+    return word - (1 << spec.BUS_DATA_BITS) if word >> (spec.BUS_DATA_BITS - 1) else word
+
+
+def decode(words):
+    """The phases of program memory words (encode's inverse, up to the "end" header): each
+    generator's strides recovered from its deltas, innermost level first (stride_i = delta_i +
+    sum over j > i of (n_j - 1) * stride_j). Raises spec.ConfigError for an unknown kind or
+    words that end inside a phase."""
+    kinds = {code: name for name, code in KINDS.items()}
+    phases, at = [], 0
+    while True:
+        if at + HEADER_WORDS > len(words):
+            raise spec.ConfigError(f"the program ends at word {len(words)} without an end phase")
+        head = words[at:at + HEADER_WORDS]
+        fields = {name: (head[w] >> off) & ((1 << width) - 1)
+                  for name, (w, off, width) in HEADER_FIELDS.items()}
+        kind = kinds.get(fields.pop("kind"))
+        if kind is None:
+            raise spec.ConfigError(f"word {at}: phase kind {head[0] & 0xF} is not one of "
+                                   f"{sorted(KINDS.values())}")
+        if kind == "end":
+            return phases
+        if at + PHASE_WORDS > len(words):
+            raise spec.ConfigError(f"the program ends at word {len(words)} inside the phase "
+                                   f"at word {at}")
+        body = words[at + HEADER_WORDS:at + PHASE_WORDS]
+        mask = (1 << BOUND_BITS) - 1
+        bounds = tuple((body[i // 2] >> (BOUND_BITS * (i % 2))) & mask for i in range(LEVELS))
+        bases, strides = {}, {}
+        for g_i, g in enumerate(GENERATORS):
+            at_g = BOUND_WORDS + g_i * (1 + LEVELS)
+            bases[g] = body[at_g]
+            deltas = [_signed(d) for d in body[at_g + 1:at_g + 1 + LEVELS]]
+            st = [0] * LEVELS
+            for i in range(LEVELS - 1, -1, -1):
+                st[i] = deltas[i] + sum((bounds[j] - 1) * st[j] for j in range(i + 1, LEVELS))
+            strides[g] = tuple(st)
+        phases.append(Phase(kind, Nest(bounds, bases, strides), **fields))
+        at += PHASE_WORDS
+
+
 class Memories:
     """The v2 engine's memories as arrays (sample-banked, module docstring), and the state a
     command carries from phase to phase (the kept channels, the dX scale, ...)."""

@@ -78,6 +78,7 @@ from .loopnest import LoopNest
 from .loss import SoftmaxGradUnit
 from .requant import DxRequantizer
 from .select import ChannelSelector, Lfsr16
+from .serial_mul import SerialMultiplier
 from .writeback import ForwardWriteback
 
 #: The events the core counts (the link's and the cycle counters are the shell's).
@@ -793,10 +794,15 @@ class SampleEngine(wiring.Component):
         for kind, needs in dataflow.BACKWARD_KINDS.items():
             runs = Mux(s.is_[kind], Cat(*[need[n] for n in needs]).any(), runs)
         known = Cat(*[s.is_[k] for k in dataflow.KINDS if k != "end"]).any()
-        # the layer's bulk skips (SLU, ssProp), counted at its select phase
-        full = Signal(range((bld.max_batch * bld.max_width ** 2) + 1))
-        nk = Signal(range(bld.max_width ** 2 + 1))
-        keep_raw = Signal(range(bld.max_width * spec.KEEP_ONE + 1))
+        # the layer's bulk skips (SLU, ssProp), counted at its select phase, and the ssProp
+        # keep count: products of two signals, on a serial multiplier (ember_hw.serial_mul)
+        bk_max = bld.max_batch * bld.max_width
+        b_bits = max(bld.max_width, bld.max_batch, spec.KEEP_ONE).bit_length()
+        m.submodules.book_mul = mul = SerialMultiplier(max(bk_max.bit_length(), 16), b_bits)
+        bk = Signal(range(bk_max + 1))
+        full = Signal(range(bk_max * bld.max_width + 1))
+        dropped = Signal.like(full)
+        book_step = Signal(range(9))
         with m.FSM(name="runner"):
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -840,21 +846,32 @@ class SampleEngine(wiring.Component):
             with m.State("BOOK"):
                 # a layer's backward pass begins: the correction of the layer above, and
                 # its bulk skips: batch * N * K for each pass SLU leaves out, and
-                # batch * (N - keep) * K for each pass ssProp thins
+                # batch * (N - keep) * K for each pass ssProp thins; the products on the
+                # serial multiplier, one after another (book_step: start, then wait)
                 m.d.sync += [s.correction.eq(s.correction + s.pending), s.pending.eq(0),
-                             s.largest.eq(0),
-                             nk.eq(s.N * s.K), keep_raw.eq(s.N * self.keep_q8)]
-                m.next = "BOOK2"
-            with m.State("BOOK2"):
-                keep = Mux(self.keep_q8 >= spec.KEEP_ONE, s.N,
-                           Mux(keep_raw[8:] == 0, 1, keep_raw[8:]))
-                m.d.sync += [full.eq(self.batch * nk), s.keep.eq(keep if s.has_ssprop else s.N)]
-                m.next = "BOOK3"
+                             s.largest.eq(0), book_step.eq(0)]
+                m.next = "BOOK_MUL"
+            with m.State("BOOK_MUL"):
+                keep_raw = mul.product[8:]
+                keep = Mux(self.keep_q8 >= spec.KEEP_ONE, s.N, Mux(keep_raw == 0, 1, keep_raw))
+                # (a, b) of each product, and what takes it when it is done
+                steps = [(s.N, self.keep_q8, lambda: s.keep.eq(keep if s.has_ssprop else s.N)),
+                         (s.K, self.batch, lambda: bk.eq(mul.product)),
+                         (bk, s.N, lambda: full.eq(mul.product)),
+                         (bk, s.N - s.keep, lambda: dropped.eq(mul.product))]
+                with m.Switch(book_step):
+                    for i, (a, b, take) in enumerate(steps):
+                        with m.Case(2 * i):
+                            m.d.comb += [mul.a.eq(a), mul.b.eq(b), mul.start.eq(1)]
+                            m.d.sync += book_step.eq(book_step + 1)
+                        with m.Case(2 * i + 1):
+                            with m.If(mul.done):
+                                m.d.sync += [take(), book_step.eq(book_step + 1)]
+                                if i == len(steps) - 1:
+                                    m.next = "BOOK3"
             with m.State("BOOK3"):
                 m.d.sync += [s.count("skip_slu", Mux(wgrad, 0, full) + Mux(igrad | (s.layer == 0),
                                                                           0, full))]
-                dropped = Signal.like(full)
-                m.d.comb += dropped.eq(self.batch * (s.N - s.keep) * s.K)
                 with m.If(wgrad | igrad):
                     m.d.sync += s.count("skip_ssprop", Mux(wgrad & igrad, dropped << 1, dropped))
                 m.next = "BOOK4"
