@@ -174,3 +174,16 @@ def without_resends(counters, link, since=None):
     out["link_rx_bytes"] -= now["link_resent_bytes"] - before["link_resent_bytes"]
     out["link_tx_bytes"] -= now["link_resent_answer_bytes"] - before["link_resent_answer_bytes"]
     return out
+
+
+def random_step_settings(rng, n_layers):
+    """Random step settings of every unit: an SLU mask (or none), zero skipping, PSG absolute
+    or relative, ssProp by |dY| or LFSR at a few keep ratios, a random lr_shift."""
+    from ember import spec
+    return spec.StepSettings(
+        update_mask=(tuple(bool(v) for v in rng.integers(0, 2, n_layers))
+                     if rng.random() < 0.5 else None),
+        zero_skip=bool(rng.integers(0, 2)), psg=bool(rng.integers(0, 2)),
+        psg_relative=bool(rng.integers(0, 2)), psg_tau=int(rng.integers(0, 5)),
+        keep_q8=int(rng.choice([256, 200, 128, 64])), ssprop_random=bool(rng.integers(0, 2)),
+        lfsr_seed=int(rng.integers(1, 1 << 16)), lr_shift=int(rng.integers(4, 14)))

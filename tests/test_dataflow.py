@@ -9,6 +9,8 @@ import pytest
 
 from ember import dataflow, golden, spec
 
+from engine_harness import random_step_settings
+
 BUILD = spec.BUILDS["sim"]
 
 
@@ -69,16 +71,6 @@ DATAFLOW_COUNTERS = ("weight_reads", "act_reads", "act_msb_reads", "grad_lane_re
                      "grad_msb_lane_reads", "act_writes")
 
 
-def random_settings(rng, n_layers):
-    return spec.StepSettings(
-        update_mask=(tuple(bool(v) for v in rng.integers(0, 2, n_layers))
-                     if rng.random() < 0.5 else None),
-        zero_skip=bool(rng.integers(0, 2)), psg=bool(rng.integers(0, 2)),
-        psg_relative=bool(rng.integers(0, 2)), psg_tau=int(rng.integers(0, 5)),
-        keep_q8=int(rng.choice([256, 200, 128, 64])), ssprop_random=bool(rng.integers(0, 2)),
-        lfsr_seed=int(rng.integers(1, 1 << 16)), lr_shift=int(rng.integers(4, 14)))
-
-
 @pytest.mark.parametrize("seed", range(16))
 def test_train_program_steps_as_the_golden_model(seed):
     """A training step's program (SLU mask, zero skipping, PSG absolute and relative, ssProp
@@ -88,17 +80,13 @@ def test_train_program_steps_as_the_golden_model(seed):
     rng = np.random.default_rng(100 + seed)
     layers, batch, weights, shifts, x = random_case(rng)
     y = rng.integers(0, layers[-1], batch)
-    settings = random_settings(rng, len(layers) - 1)
+    settings = random_step_settings(rng, len(layers) - 1)
     g = golden.GoldenModel(BUILD)
     g.configure(layers, shifts)
     g.load_weights(weights)
     correct = g.train_batch(x, y, settings)
-    mem = dataflow.Memories(BUILD)
-    mem.load_network(layers, weights, batch)
-    mem.load_inputs(x, y)
-    phases = dataflow.train_program(layers, BUILD, batch, shifts,
-                                    psg_relative=settings.psg and settings.psg_relative)
-    counts, got_correct = dataflow.execute(phases, mem, settings=settings)
+    _, mem, counts, got_correct = dataflow.train_step(BUILD, layers, weights, shifts, x, y,
+                                                      settings)
     assert got_correct == correct
     for got, want in zip(mem.read_weights(layers, batch), g.weights):
         assert (got == want).all()

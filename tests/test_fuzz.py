@@ -241,9 +241,11 @@ def test_fuzzer_finds_a_model_that_executes_bad_escapes(monkeypatch):
             return [protocol.ReceivedFrame(f.payload, False) for f in frames]
 
     monkeypatch.setattr(protocol, "FrameReceiver", OldReceiver)
+    # (a seed whose 3000 units include the badly escaped frames; the draws follow the
+    # register map, so another map may need another seed)
     with pytest.raises(AssertionError, match="answered"):
-        fuzz.Fuzzer(BUILD, None, seed=15, on_unit=RuleChecker()).run(3000)
-    report = fuzz.Fuzzer(BUILD, None, seed=15).run(3000)
+        fuzz.Fuzzer(BUILD, None, seed=0, on_unit=RuleChecker()).run(3000)
+    report = fuzz.Fuzzer(BUILD, None, seed=0).run(3000)
     assert report["corruptions"] > 0 and report["exceptions"] == 0
 
 

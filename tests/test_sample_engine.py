@@ -14,7 +14,7 @@ from ember import dataflow, golden, program, spec
 from ember_hw.sample_engine import EVENTS, SampleEngine
 from ember_sim.sample_core import run_command
 
-from engine_harness import run_testbench
+from engine_harness import random_step_settings, run_testbench
 
 SMALL = spec.Build(name="small", lanes=4, weight_words=256, act_bytes=512, grad_words=64,
                    scratch_entries=256, max_batch=16, max_layers=4, max_width=32)
@@ -142,16 +142,6 @@ def test_a_malformed_phase_faults(damage):
     assert out["events"]["mac_forward"] == 0 and out["events"]["infer_samples"] == 0
 
 
-def random_settings(rng, n_layers, build):
-    return spec.StepSettings(
-        update_mask=(tuple(bool(v) for v in rng.integers(0, 2, n_layers))
-                     if rng.random() < 0.5 else None),
-        zero_skip=bool(rng.integers(0, 2)), psg=bool(rng.integers(0, 2)),
-        psg_relative=bool(rng.integers(0, 2)), psg_tau=int(rng.integers(0, 5)),
-        keep_q8=int(rng.choice([256, 200, 128, 64])), ssprop_random=bool(rng.integers(0, 2)),
-        lfsr_seed=int(rng.integers(1, 1 << 16)), lr_shift=int(rng.integers(4, 14)))
-
-
 #: Builds of 2, 4 and 8 lanes (the batch fills one to eight sample blocks).
 LANE_BUILDS = {P: spec.Build(name=f"lanes{P}", lanes=P, weight_words=2048 // P,
                              act_bytes=1024, grad_words=128, scratch_entries=512, max_batch=16,
@@ -168,17 +158,12 @@ def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
     rng = np.random.default_rng(200 + 10 * seed + lanes)
     layers, batch, weights, shifts, x = random_case(rng, build)
     y = rng.integers(0, layers[-1], batch)
-    settings = random_settings(rng, len(layers) - 1, build)
+    settings = random_step_settings(rng, len(layers) - 1)
     g = golden.GoldenModel(build)
     g.configure(layers, shifts)
     g.load_weights(weights)
     correct = g.train_batch(x, y, settings)
-    mem = dataflow.Memories(build)
-    mem.load_network(layers, weights, batch)
-    mem.load_inputs(x, y)
-    phases = dataflow.train_program(layers, build, batch, shifts,
-                                    psg_relative=settings.psg and settings.psg_relative)
-    counts, _ = dataflow.execute(phases, mem, settings=settings)
+    phases, _, counts, _ = dataflow.train_step(build, layers, weights, shifts, x, y, settings)
     dut = SampleEngine(build)
     out = {}
 

@@ -393,6 +393,18 @@ class _Run:
             c["skip_ssprop"] += batch * (n - keep) * k * (int(wgrad) + int(igrad))
 
 
+def train_step(build, layers, weights, shifts, x, y, settings):
+    """One training step as the v2 core runs it, from fresh memories: its program, the
+    memories after it, the events and the samples classified right."""
+    mem = Memories(build)
+    mem.load_network(layers, weights, len(x))
+    mem.load_inputs(x, y)
+    phases = train_program(layers, build, len(x), shifts,
+                           psg_relative=settings.psg and settings.psg_relative)
+    counts, correct = execute(phases, mem, settings=settings)
+    return phases, mem, counts, correct
+
+
 def _live(ph, last, P):
     """The live lanes of a step: all, or the tail in the last sample block (level 1 for the
     forward and input-gradient nests, level 3 for the weight-gradient nests)."""

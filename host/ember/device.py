@@ -102,6 +102,7 @@ def build_info(build):
         "scratch_entries": build.scratch_entries,
         "max_batch": build.max_batch, "max_layers": build.max_layers,
         "max_width": build.max_width, "clock_hz": build.clock_hz, "baud": build.baud,
+        "dataflow": build.dataflow,
         "features": list(build.features), "version": __version__,
     }
 
@@ -111,6 +112,7 @@ def build_of(info):
     fields = {f: info[f] for f in ("lanes", "weight_words", "act_bytes", "grad_words",
                                    "scratch_entries", "max_batch", "max_layers", "max_width",
                                    "clock_hz", "baud")}
+    fields["dataflow"] = info.get("dataflow", "outputs")
     return spec.Build(name=info["build"], features=tuple(info["features"]), **fields)
 
 
@@ -148,10 +150,12 @@ class EngineDevice(Device):
         known = {b.lanes: b for b in spec.BUILDS.values()}
         name = next((b.name for b in spec.BUILDS.values()
                      if (b.lanes, b.weight_words, b.act_bytes, b.grad_words,
-                         b.scratch_entries, b.max_batch, b.max_width, b.feature_mask()) ==
+                         b.scratch_entries, b.max_batch, b.max_width, b.feature_mask(),
+                         spec.DATAFLOWS.index(b.dataflow)) ==
                      (regs["lanes"], regs["weight_words"], regs["act_bytes"],
                       regs["grad_words"], regs["scratch_entries"], regs["max_batch"],
-                      regs["max_width"], regs["features"])), f"custom-{regs['lanes']}")
+                      regs["max_width"], regs["features"], regs["dataflow"])),
+                    f"custom-{regs['lanes']}")
         base = spec.BUILDS.get(name, known.get(regs["lanes"], spec.DEFAULT_BUILD))
         self.build = spec.Build(name=name, lanes=regs["lanes"],
                                 weight_words=regs["weight_words"], act_bytes=regs["act_bytes"],
@@ -159,11 +163,12 @@ class EngineDevice(Device):
                                 scratch_entries=regs["scratch_entries"],
                                 max_batch=regs["max_batch"], max_layers=regs["max_layers"],
                                 max_width=regs["max_width"], clock_hz=base.clock_hz,
-                                baud=regs["baud"],
+                                baud=regs["baud"], dataflow=spec.DATAFLOWS[regs["dataflow"]],
                                 features=tuple(f for i, f in enumerate(spec.FEATURES)
                                                if regs["features"] >> i & 1))
         self.layers = None
         self._batch = None
+        self._program = None                # engine v2: what the program memory holds
 
     def identify(self):
         return build_info(self.build)
@@ -173,7 +178,7 @@ class EngineDevice(Device):
         if shifts is not None and (len(shifts) != len(layers) - 1 or
                                    any(not 0 <= s <= 31 for s in shifts)):
             raise ConfigError(f"forward shifts {shifts} must be {len(layers) - 1} values in 0..31")
-        self.layers, self.shifts, self._batch = layers, shifts, None
+        self.layers, self.shifts, self._batch, self._program = layers, shifts, None, None
         self._write_descriptors(1)
         zeros = [np.zeros((n, k), dtype=np.int16) for k, n in zip(layers, layers[1:])]
         self._write_weights(zeros)
@@ -189,6 +194,27 @@ class EngineDevice(Device):
         writes = regmap.descriptor_writes(self.layers, self.build, batch, self.shifts)
         self._write_runs(writes)
         self._batch = batch
+
+    def _write_program(self, command, batch, psg_relative=False):
+        """Engine v2: the program of `command` for this network and batch size in the
+        program memory, written only when it differs from what the memory holds (a new
+        network, batch size or command). Compiled and checked here first (ember.dataflow)."""
+        if self.build.dataflow != "samples":
+            return
+        key = (command, batch, bool(psg_relative) and command == "train")
+        if key == self._program:
+            return
+        from . import dataflow
+        shifts = self.shifts or [spec.HIDDEN_SHIFT] * (len(self.layers) - 2) + [spec.OUTPUT_SHIFT]
+        if command == "train":
+            phases = dataflow.train_program(self.layers, self.build, batch, shifts, key[2])
+        else:
+            phases = dataflow.infer_program(self.layers, self.build, batch, shifts)
+        words = dataflow.encode(phases, self.build)
+        self._program = None                # a write that fails leaves it unknown
+        for base, burst in regmap.program_writes(words):
+            self.link.write_words(base, burst)
+        self._program = key
 
     def _write_runs(self, writes):
         """(address, value) writes, sent as bursts of consecutive addresses."""
@@ -283,7 +309,8 @@ class EngineDevice(Device):
         settings.check(len(self.layers) - 1, self.build)
         self._write_descriptors(len(x))
         self._write_runs(regmap.settings_writes(settings, len(self.layers) - 1))
-        for base, words in regmap.batch_writes(x, y):
+        self._write_program("train", len(x), settings.psg and settings.psg_relative)
+        for base, words in regmap.batch_writes(x, y, self.build):
             self.link.write_words(base, words)
         self._run(spec.CONTROL_TRAIN)
         return self.link.read_words(regmap.reg("correct"), 1)[0]
@@ -292,7 +319,8 @@ class EngineDevice(Device):
         self._need_config()
         x, _ = golden.check_batch(self.layers, self.build, x)
         self._write_descriptors(len(x))
-        for base, words in regmap.batch_writes(x):
+        self._write_program("infer", len(x))
+        for base, words in regmap.batch_writes(x, None, self.build):
             self.link.write_words(base, words)
         self._run(spec.CONTROL_INFER)
         words = self.link.read_words(regmap.region("predictions"), (len(x) + 1) // 2)
@@ -427,6 +455,10 @@ def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=No
 
     if simulator not in ("verilator", "icarus"):
         raise ConfigError(f"simulator '{simulator}' is not 'verilator' or 'icarus'")
+    if build.dataflow == "samples":
+        raise ConfigError(f"build '{build.name}' is engine v2, which has no simulated board "
+                          "yet (its core is not behind a bus: docs/architecture.md 2b); "
+                          "use the model backend")
     tmp = tempfile.mkdtemp(prefix="ember-sim-")
     port_file = os.path.join(tmp, "port")
     log_path = log or os.path.join(tmp, "board.log")

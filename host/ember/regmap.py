@@ -47,8 +47,12 @@ def layout(layers, build):
 
 
 def descriptor_writes(layers, build, batch, shifts=None):
-    """(address, value) writes that configure the network for batches of `batch` samples."""
+    """(address, value) writes that configure the network for batches of `batch` samples.
+    Engine v2 (dataflow "samples") reads its memory layout from the program (program_writes):
+    its descriptors' bases stay 0."""
     desc = layout(layers, build)
+    if build.dataflow == "samples":
+        desc = [dict(d, weight_base=0, act_offset=0) for d in desc]
     spec.check_network(layers, build, batch)
     # the watchdog's limit: the most cycles a command of this network and batch can take,
     # whatever its settings (a build without the watchdog unit drops the write)
@@ -74,10 +78,26 @@ def settings_writes(settings: StepSettings, n_layers):
             (reg("keep_q8"), settings.keep_q8), (reg("lfsr_seed"), settings.lfsr_seed)]
 
 
+def _v2_weight_image(layers, build):
+    from . import dataflow
+    wbase, _, _ = dataflow.layout(layers, build, 1)
+    total = sum(k * n for k, n in zip(layers[:-1], layers[1:]))
+    return wbase, total + total % 2
+
+
 def pack_weights(weights, layers, build):
     """Weights -> {bus address: word}: word w, lane p of the weight memory is at
-    weights + (w * P + p) // 2, even lane in the low half. Lanes past a layer's outputs are 0."""
+    weights + (w * P + p) // 2, even lane in the low half. Lanes past a layer's outputs are 0.
+    Engine v2: weight i of the network (ember.dataflow.layout) in the halves of word i // 2."""
     P = build.lanes
+    if build.dataflow == "samples":
+        wbase, size = _v2_weight_image(layers, build)
+        flat = np.zeros(size, dtype=np.int64)
+        for base, w in zip(wbase, weights):
+            flat[base:base + w.size] = np.asarray(w, dtype=np.int64).reshape(-1)
+        flat &= 0xFFFF
+        return {region("weights") + i: int(v)
+                for i, v in enumerate(flat[0::2] | (flat[1::2] << 16))}
     words = {}
     for d, w in zip(layout(layers, build), weights):
         n, k = w.shape
@@ -98,6 +118,14 @@ def unpack_weights(read, layers, build):
     """Read the weights back: `read(address, count)` returns that many bus words."""
     P = build.lanes
     out = []
+    if build.dataflow == "samples":
+        wbase, size = _v2_weight_image(layers, build)
+        pairs = np.array(read(region("weights"), size // 2), dtype=np.int64)
+        flat = np.empty(size, dtype=np.int64)
+        flat[0::2], flat[1::2] = pairs & 0xFFFF, (pairs >> 16) & 0xFFFF
+        flat = np.where(flat >= 0x8000, flat - 0x10000, flat)
+        return [flat[b:b + n * k].reshape(n, k).astype(np.int16)
+                for b, k, n in zip(wbase, layers[:-1], layers[1:])]
     for d in layout(layers, build):
         n, k = d["outputs"], d["inputs"]
         blocks = build.blocks(n)
@@ -133,12 +161,32 @@ def unpack_halves(words, count):
     return v[:count]
 
 
-def batch_writes(x, y=None):
+def input_image(x, build):
+    """The input batch's bytes as the activation memory holds them: four to a bus word from
+    the region's start; engine v2 interleaves the samples (sample b = s * P + p, input k at
+    byte (s * K + k) * P + p; the last block's lanes past the batch are 0)."""
+    x = np.asarray(x, dtype=np.int64)
+    if build.dataflow != "samples":
+        return x
+    B, K = x.shape
+    P = build.lanes
+    S = build.sample_blocks(B)
+    image = np.zeros((S * P, K), dtype=np.int64)
+    image[:B] = x
+    return image.reshape(S, P, K).transpose(0, 2, 1)      # (s, k, p)
+
+
+def batch_writes(x, y=None, build=None):
     """Writes of an input batch (and labels) as (base address, words) bursts."""
-    bursts = [(region("acts"), pack_bytes(x))]
+    bursts = [(region("acts"), pack_bytes(x if build is None else input_image(x, build)))]
     if y is not None:
         bursts.append((region("labels"), pack_halves(y)))
     return bursts
+
+
+def program_writes(words):
+    """The program memory's words (ember.dataflow.encode) as one burst."""
+    return [(region("program"), [int(w) for w in words])]
 
 
 def counters_from_words(words):

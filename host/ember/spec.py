@@ -303,20 +303,36 @@ class Build:
         """The FEATURES register's value: bit i set if the build has FEATURES[i]."""
         return sum(1 << i for i, name in enumerate(FEATURES) if name in self.features)
 
+    def sample_blocks(self, batch):
+        """Engine v2 (dataflow "samples"): the batch's blocks of P samples."""
+        return -(-batch // self.lanes)
+
     def weight_words_needed(self, layers):
-        """Weight words a network occupies: ceil(N/P) blocks of K words per layer."""
+        """Weight words a network occupies: ceil(N/P) blocks of K words per layer (v2: one
+        weight after another, P to a word)."""
+        if self.dataflow == "samples":
+            return -(-sum(k * n for k, n in zip(layers[:-1], layers[1:])) // self.lanes)
         return sum(self.blocks(n) * k for k, n in zip(layers[:-1], layers[1:]))
 
     def act_bytes_needed(self, layers, batch):
-        """Activation bytes for a batch: every layer's input for every sample."""
+        """Activation bytes for a batch: every layer's input for every sample (v2: for every
+        lane of every sample block)."""
+        if self.dataflow == "samples":
+            return self.sample_blocks(batch) * self.lanes * sum(layers[:-1])
         return batch * sum(layers[:-1])
 
     def grad_words_needed(self, layers, batch):
-        """Gradient words: two halves, each the widest layer output's dY for the batch."""
+        """Gradient words: two halves, each the widest layer output's dY for the batch (v2:
+        a word per output and sample block)."""
+        if self.dataflow == "samples":
+            return 2 * self.sample_blocks(batch) * max(layers[1:])
         return 2 * batch * max(self.blocks(n) for n in layers[1:])
 
     def scratch_needed(self, layers, batch):
-        """dX scratch entries: the widest hidden layer for the batch (0 for one layer)."""
+        """dX scratch entries: the widest hidden layer for the batch (0 for one layer; v2:
+        for every lane of every sample block)."""
+        if self.dataflow == "samples":
+            return self.sample_blocks(batch) * self.lanes * max(layers[1:-1], default=0)
         return batch * max(layers[1:-1], default=0)
 
     def max_command_cycles(self):
@@ -357,6 +373,11 @@ BUILDS = {
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=30_000_000, baud=3_000_000),
+    # engine v2 (docs/architecture.md 2b): the sim build's sizes with the sample-lane
+    # dataflow, on the model backend so far (the v2 core has no bus yet, so no simulated
+    # board); no command check, abort or watchdog unit yet
+    "v2": Build(name="v2", dataflow="samples",
+                features=("zero_skip", "slu", "psg", "ssprop", "ssprop_random")),
 }
 DEFAULT_BUILD = BUILDS["sim"]
 #: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's
@@ -526,7 +547,9 @@ UART_FRAME_BITS = 10
 #: Regions of the engine's bus address space: name -> (base word address, size in words).
 #: Weights pack two 16-bit lanes per word (word w, lane p at (w * lanes + p) // 2, low half first);
 #: activations four bytes per word (input batch: byte b * K + k); labels and predictions two
-#: 16-bit values per word.
+#: 16-bit values per word. Engine v2 (Build.dataflow "samples"): weight i (W[j, k] of layer l
+#: at wbase_l + j * K + k, ember.dataflow.layout) in the halves of word i // 2; the input batch's
+#: byte of sample b = s * P + p, input k at (s * K + k) * P + p; the program region.
 REGION_BITS = 20
 ADDRESS_MAP = {
     "regs": (0x000000, 0x1000),
@@ -535,6 +558,8 @@ ADDRESS_MAP = {
     "acts": (0x200000, 1 << REGION_BITS),
     "labels": (0x300000, 1 << REGION_BITS),
     "predictions": (0x400000, 1 << REGION_BITS),
+    # engine v2: the program memory, one 32-bit word each (ember.dataflow.encode)
+    "program": (0x500000, 1 << REGION_BITS),
 }
 #: Registers (word offsets in the "regs" region). "ro" registers describe the build.
 REGISTERS = {
@@ -551,6 +576,7 @@ REGISTERS = {
     "counters": (0x09, "ro"),      # number of counters
     "features": (0x0B, "ro"),      # bit i: the build has FEATURES[i]
     "baud": (0x0C, "ro"),          # Build.baud: the UART rate of the board top (bits/s)
+    "dataflow": (0x0D, "ro"),      # DATAFLOWS.index(Build.dataflow): the memories' layout
     "control": (0x10, "wo"),       # CONTROL_* bits: start a command
     "status": (0x11, "ro"),        # bit 0 busy
     "correct": (0x12, "ro"),       # samples the last training batch classified correctly
@@ -588,6 +614,7 @@ def read_only_values(build):
         "max_batch": build.max_batch, "max_layers": build.max_layers,
         "max_width": build.max_width, "counters": len(COUNTERS),
         "features": build.feature_mask(), "baud": build.baud,
+        "dataflow": DATAFLOWS.index(build.dataflow),
     }
 
 
@@ -608,6 +635,8 @@ COMMAND_CHECKS = {
     "grads": "the batch's output gradients need more words than the gradient memory holds",
     "scratch": "the batch's input gradients need more entries than the dX scratch holds",
     "labels": "a label of the batch has not been written since the class count last changed",
+    "program": "engine v2: the program memory does not hold the program the host compiles "
+               "for the network and batch in the registers",
 }
 
 
@@ -629,6 +658,10 @@ def check_command(build, regs, layer_fields, train, labels_written):
         k, out = d["inputs"], d["outputs"]
         if l > 0 and k != layer_fields[l - 1]["outputs"]:
             return "chain"
+        if build.dataflow == "samples":
+            # engine v2: the program says where everything is, and the core checks every
+            # address it forms against its memory (ember_hw.sample_engine)
+            continue
         # the layers packed as the host lays them out (regmap.layout), nothing between them
         if d["weight_base"] != weights_end or \
                 d["weight_base"] + build.blocks(out) * k > build.weight_words:
@@ -642,9 +675,11 @@ def check_command(build, regs, layer_fields, train, labels_written):
             widest_hidden = max(widest_hidden, out)
     if layer_fields[n - 1]["outputs"] < 2:
         return "classes"
-    if 2 * batch * widest_blocks > build.grad_words:
+    if build.dataflow == "samples":
+        pass
+    elif 2 * batch * widest_blocks > build.grad_words:
         return "grads"
-    if batch * widest_hidden > build.scratch_entries:
+    elif batch * widest_hidden > build.scratch_entries:
         return "scratch"
     needed = (1 << (batch + 1) // 2) - 1
     if train and labels_written & needed != needed:

@@ -6,9 +6,9 @@ code path and count the same events (link bytes included).
 
 import numpy as np
 
-from . import protocol, spec
+from . import dataflow, protocol, spec
 from .golden import GoldenModel
-from .spec import StepSettings
+from .spec import ConfigError, StepSettings
 
 _STATUS = spec.LINK_STATUS
 # region numbers (the address bits above REGION_BITS) and the small regions' ends, from the map
@@ -31,7 +31,12 @@ class VirtualEngine:
         self.build = build
         P = build.lanes
         self.model = GoldenModel(build)
-        self.weights = np.zeros((build.weight_words, P), dtype=np.int64)
+        # engine v2 (dataflow "samples"): one weight after another, the activations in its
+        # sample-interleaved byte layout, and the program memory (regmap, ember.dataflow)
+        self.v2 = build.dataflow == "samples"
+        self.program = np.zeros(dataflow.PROGRAM_WORDS, dtype=np.int64)
+        self.weights = (np.zeros(build.weight_words * P, dtype=np.int64) if self.v2 else
+                        np.zeros((build.weight_words, P), dtype=np.int64))
         self.labels = np.zeros(build.max_batch, dtype=np.int64)
         self.predictions = np.zeros(build.max_batch, dtype=np.int64)
         self.acts = np.zeros(build.act_bytes, dtype=np.int64)
@@ -73,11 +78,20 @@ class VirtualEngine:
             value = self.counters()[spec.COUNTERS[idx]]
             return (value >> 32) if off & 1 else value & 0xFFFFFFFF
         if region == _REGION["weights"]:
+            if self.v2:
+                if 2 * off >= len(self.weights):
+                    raise BusError("out_of_range")
+                lo, hi = self.weights[2 * off], self.weights[2 * off + 1]
+                return int(lo & 0xFFFF) | (int(hi & 0xFFFF) << 16)
             word, pair = divmod(off * 2, P)
             if word >= self.build.weight_words:
                 raise BusError("out_of_range")
             lo, hi = self.weights[word, pair], self.weights[word, pair + 1]
             return int(lo & 0xFFFF) | (int(hi & 0xFFFF) << 16)
+        if region == _REGION["program"] and self.v2:
+            if off >= dataflow.PROGRAM_WORDS:
+                raise BusError("out_of_range")
+            return int(self.program[off])
         if region == _REGION["acts"]:
             raise BusError("out_of_range" if off >= (self.build.act_bytes + 3) // 4
                            else "bad_value")
@@ -117,16 +131,38 @@ class VirtualEngine:
         if region == _REGION["counters"] and off < _COUNTERS_END:
             raise BusError("out_of_range")
         if region == _REGION["weights"]:
+            if self.v2:
+                if 2 * off >= len(self.weights):
+                    raise BusError("out_of_range")
+                self.weights[2 * off] = _s16(value & 0xFFFF)
+                self.weights[2 * off + 1] = _s16(value >> 16)
+                return
             word, pair = divmod(off * 2, P)
             if word >= self.build.weight_words:
                 raise BusError("out_of_range")
             self.weights[word, pair] = _s16(value & 0xFFFF)
             self.weights[word, pair + 1] = _s16(value >> 16)
             return
+        if region == _REGION["program"] and self.v2:
+            if off >= dataflow.PROGRAM_WORDS:
+                raise BusError("out_of_range")
+            self.program[off] = value
+            return
         if region == _REGION["acts"]:
             if off >= (self.build.act_bytes + 3) // 4:
                 raise BusError("out_of_range")
-            limit = self.regs["batch"] * self.layer[0]["inputs"]
+            batch, k0 = self.regs["batch"], self.layer[0]["inputs"]
+            if self.v2:
+                # the input words of the sample blocks; a byte of a lane past the batch is
+                # dropped (and not counted), like a byte past the batch in v1
+                for i in range(4):
+                    byte = 4 * off + i
+                    if byte < self.build.sample_blocks(batch) * k0 * P:
+                        word, lane = divmod(byte, P)
+                        if (word // k0) * P + lane < batch:
+                            self.acts[byte] = (value >> (8 * i)) & 0xFF
+                return
+            limit = batch * k0
             for i in range(4):
                 if 4 * off + i < limit:
                     self.acts[4 * off + i] = (value >> (8 * i)) & 0xFF
@@ -186,6 +222,8 @@ class VirtualEngine:
         if value & spec.CONTROL_CLEAR_COUNTERS:
             self.model.clear_counters()
             self.link_rx = self.link_tx = 0
+        if command and self.v2:
+            return self._run_program(bool(value & spec.CONTROL_TRAIN))
         if command:
             layers, desc = self._network()
             P = self.build.lanes
@@ -211,6 +249,38 @@ class VirtualEngine:
                         lanes.reshape(blocks, P, k).transpose(0, 2, 1).reshape(-1, P)
             else:
                 self.predictions[:batch] = self.model.infer(x)
+
+    def _run_program(self, train):
+        """Engine v2: run the program memory's phases. The model runs the program the host
+        compiles for the network in the descriptors and the batch (ember.dataflow), with the
+        golden model; any other program is refused (bad_value) before anything changes."""
+        layers, desc = self._network()
+        batch = self.regs["batch"]
+        shifts = [d["shift"] for d in desc]
+        settings = self._settings()
+        try:
+            phases = dataflow.decode([int(w) for w in self.program])
+            expect = (dataflow.train_program(layers, self.build, batch, shifts,
+                                             settings.psg and settings.psg_relative)
+                      if train else dataflow.infer_program(layers, self.build, batch, shifts))
+        except ConfigError:
+            phases, expect = None, ()
+        if phases != expect:
+            self.rejected = 1 + list(spec.COMMAND_CHECKS).index("program")
+            raise BusError("bad_value")
+        self.model.configure(layers, shifts)
+        wbase, _, _ = dataflow.layout(layers, self.build, batch)
+        self.model.weights = [self.weights[b:b + n * k].reshape(n, k).astype(np.int16)
+                              for b, k, n in zip(wbase, layers[:-1], layers[1:])]
+        P, K = self.build.lanes, layers[0]
+        S = self.build.sample_blocks(batch)
+        x = self.acts[:S * K * P].reshape(S, K, P).transpose(0, 2, 1).reshape(S * P, K)[:batch]
+        if train:
+            self.correct = self.model.train_batch(x, self.labels[:batch], settings)
+            for b, w in zip(wbase, self.model.weights):
+                self.weights[b:b + w.size] = w.reshape(-1)
+        else:
+            self.predictions[:batch] = self.model.infer(x)
 
     def _settings(self):
         r = self.regs
