@@ -99,3 +99,23 @@ def test_the_simulated_board_says_v2_has_none_yet():
     with pytest.raises(ConfigError, match="build 'v2' is engine v2, which has no simulated "
                                           "board yet"):
         open_sim(V2)
+
+
+def test_a_v2_run_killed_mid_epoch_resumes_to_the_same_result(tmp_path, monkeypatch, capsys):
+    """Checkpoints and resume on v2 (the program is written again by the fresh device, as it
+    is at every epoch's first batch after the evaluation's infer program)."""
+    from ember import cli, trainer
+    from test_checkpoint import RUN, KilledDevice, batches_sent, run_cli, without_wall
+    run = (*RUN, "--build", "v2")
+    straight = run_cli(tmp_path, *run, name="straight.json")
+    ckpt = tmp_path / "run.ckpt"
+    kill_at = batches_sent(straight, 2) + 5
+    monkeypatch.setattr(cli, "open_device",
+                        lambda *a, **k: KilledDevice(ModelDevice(V2), kill_at))
+    assert cli.main(["train", "--quiet", *run, "--checkpoint", str(ckpt)]) == 130
+    assert trainer.load_checkpoint(ckpt)["epoch"] == 2
+    monkeypatch.undo()
+    resumed = run_cli(tmp_path, *run, "--checkpoint", str(ckpt), "--resume", str(ckpt),
+                      name="resumed.json")
+    assert without_wall(resumed) == without_wall(straight)
+    assert resumed["build"]["build"] == "v2" and resumed["build"]["dataflow"] == "samples"
