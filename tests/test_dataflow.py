@@ -9,7 +9,7 @@ import pytest
 
 from ember import dataflow, golden, spec
 
-from engine_harness import random_step_settings
+from engine_harness import golden_for, random_step_settings
 
 BUILD = spec.BUILDS["sim"]
 
@@ -81,9 +81,7 @@ def test_train_program_steps_as_the_golden_model(seed):
     layers, batch, weights, shifts, x = random_case(rng)
     y = rng.integers(0, layers[-1], batch)
     settings = random_step_settings(rng, len(layers) - 1)
-    g = golden.GoldenModel(BUILD)
-    g.configure(layers, shifts)
-    g.load_weights(weights)
+    g = golden_for(BUILD, layers, weights)     # (random_case's shifts are the defaults)
     correct = g.train_batch(x, y, settings)
     _, mem, counts, got_correct = dataflow.train_step(BUILD, layers, weights, shifts, x, y,
                                                       settings)

@@ -14,7 +14,7 @@ from ember import dataflow, golden, program, spec
 from ember_hw.sample_engine import EVENTS, SampleEngine
 from ember_sim.sample_core import run_command
 
-from engine_harness import random_step_settings, run_testbench
+from engine_harness import golden_for, random_step_settings, run_testbench
 
 SMALL = spec.Build(name="small", lanes=4, weight_words=256, act_bytes=512, grad_words=64,
                    scratch_entries=256, max_batch=16, max_layers=4, max_width=32)
@@ -159,9 +159,7 @@ def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
     layers, batch, weights, shifts, x = random_case(rng, build)
     y = rng.integers(0, layers[-1], batch)
     settings = random_step_settings(rng, len(layers) - 1)
-    g = golden.GoldenModel(build)
-    g.configure(layers, shifts)
-    g.load_weights(weights)
+    g = golden_for(build, layers, weights)     # (random_case's shifts are the defaults)
     correct = g.train_batch(x, y, settings)
     phases, _, counts, _ = dataflow.train_step(build, layers, weights, shifts, x, y, settings)
     dut = SampleEngine(build)
