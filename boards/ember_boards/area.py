@@ -35,11 +35,50 @@ DEFAULT_FAMILY = {"icebreaker": "ice40", "tiny": "ice40", "ulx3s": "ecp5", "sim"
 CORES = ("v1", "v2")
 
 
+def _v2_counted(build):
+    """Engine v2's core with its events in a counter file (ember_hw.counters), as the shell
+    will hold them: without one, synthesis would drop the core's counting logic."""
+    from amaranth import Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from ember_hw.counters import CounterFile
+    from ember_hw.sample_engine import SampleEngine, event_bounds
+
+    class CountedCore(wiring.Component):
+        def __init__(self):
+            self.core = SampleEngine(build, tally=False)
+            self.counters = CounterFile(event_bounds(build))
+            ports = {name: In(p.shape) if p.flow == wiring.In else Out(p.shape)
+                     for name, p in self.core.signature.members.items()
+                     if name != "inc" and p.is_port}
+            ports.update({"read_req": In(1), "read_index": In(len(self.counters.read_index)),
+                          "read_valid": Out(1),
+                          "read_data": Out(len(self.counters.read_data))})
+            super().__init__(ports)
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.core, m.submodules.counters = self.core, self.counters
+            for name in self.core.signature.members:
+                if name == "inc":
+                    continue
+                ours, theirs = getattr(self, name), getattr(self.core, name)
+                flow = self.core.signature.members[name].flow
+                m.d.comb += (theirs.eq(ours) if flow == wiring.In else ours.eq(theirs))
+            c = self.counters
+            m.d.comb += [c.inc.eq(self.core.inc), c.clear.eq(self.start),
+                         c.read_req.eq(self.read_req), c.read_index.eq(self.read_index),
+                         self.read_valid.eq(c.read_valid), self.read_data.eq(c.read_data)]
+            return m
+
+    return CountedCore()
+
+
 def core_rtlil(build, core="v1"):
     from amaranth.back import rtlil
     if core == "v2":
-        from ember_hw.sample_engine import SampleEngine
-        return rtlil.convert(SampleEngine(build), name="top")
+        return rtlil.convert(_v2_counted(build), name="top")
     from ember_hw.engine import EngineCore
     return rtlil.convert(EngineCore(build), name="top")
 

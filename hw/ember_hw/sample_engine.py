@@ -24,8 +24,14 @@ when v2 replaces v1, the memory window and register bank) drives the ports below
                 activation byte (at word * P + lane) or a label, while idle.
   w_rd_addr: In; w_rd_data: Out -- a weight, the cycle after its address (while idle).
   pred_rd_addr: In; pred_rd_data: Out -- a prediction, the cycle after its address.
-  ``events``: name -> Signal, the spec.COUNTERS the core counts over one run (cleared at
-                start; the counter file takes them when v2 replaces v1).
+  inc:          Out -- one field per event (EVENTS, ``event_bounds(build)`` sizes each): the
+                amount to add to that counter, registered (the events of cycle t are in
+                inc in cycle t + 1). The shell's counter file (ember_hw.counters) takes it.
+  kind:         Out(4) -- the kind (ember.dataflow.KINDS) of the phase running (while busy):
+                the shell's cycle counters by phase.
+  ``events``, ``kind_cycles`` (``tally=True`` only, for the tests and figures of the core
+                alone): name -> Signal, the events and the busy cycles per phase kind of the
+                last run (32-bit, cleared at start, one cycle behind ``inc``).
 
 A phase's program words are loaded into registers (ember.dataflow.PHASE_WORDS cycles), its
 loop nest walked, and the pipeline drained before the next phase starts (the next phase
@@ -64,7 +70,7 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.hdl import ResetInserter
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -83,6 +89,22 @@ from .writeback import ForwardWriteback
 
 #: The events the core counts (the link's and the cycle counters are the shell's).
 EVENTS = tuple(c for c in spec.EXACT_COUNTERS if not c.startswith("link_"))
+
+
+def event_bounds(build):
+    """The most each event can grow by in one cycle (the width of its ``inc`` field and the
+    counter file's pre-counter bound)."""
+    P, bnk = build.lanes, build.max_batch * build.max_width * build.max_width
+    bounds = dict.fromkeys(EVENTS, 1)
+    bounds.update({name: P for name in (
+        "act_reads", "act_msb_reads", "grad_reads", "grad_lane_reads", "grad_msb_lane_reads",
+        "mac_forward", "mac_input_grad", "mac_weight_grad", "mac_weight_grad_low",
+        "skip_zero")})
+    bounds.update(loss_elements=build.max_width, samples=build.max_batch,
+                  skip_psg=P * build.max_batch, skip_slu=2 * bnk, skip_ssprop=2 * bnk)
+    return bounds
+
+
 #: Cycles from a nest step to the snapshot of its sums.
 SNAP_LATENCY = 5
 LEVELS = dataflow.LEVELS
@@ -93,8 +115,8 @@ BLOCK = dataflow.BLOCK_LEVEL
 class SampleEngine(wiring.Component):
     """The v2 core (module docstring)."""
 
-    def __init__(self, build=spec.DEFAULT_BUILD):
-        self.build = build
+    def __init__(self, build=spec.DEFAULT_BUILD, tally=True):
+        self.build, self.tally = build, tally
         P = build.lanes
         self.logp = ceil_log2(P)
         self.weight_depth = build.weight_words * P
@@ -142,11 +164,15 @@ class SampleEngine(wiring.Component):
             "label_wr_en": In(1),
             "pred_rd_addr": In(ceil_log2(build.max_batch)),
             "pred_rd_data": Out(spec.LABEL_BITS),
+            "inc": Out(data.StructLayout({name: range(bound + 1)
+                                          for name, bound in event_bounds(build).items()})),
+            "kind": Out(4),
         })
-        self.events = {name: Signal(32, name=f"ev_{name}") for name in EVENTS}
-        #: the busy cycles of each phase kind in the last run (loading its words and draining
-        #: its pipeline included): what the utilization figures divide by
-        self.kind_cycles = {k: Signal(32, name=f"cycles_{k}") for k in dataflow.KINDS}
+        if tally:
+            self.events = {name: Signal(32, name=f"ev_{name}") for name in EVENTS}
+            #: the busy cycles of each phase kind in the last run (loading its words and
+            #: draining its pipeline included): what the utilization figures divide by
+            self.kind_cycles = {k: Signal(32, name=f"cycles_{k}") for k in dataflow.KINDS}
 
     def elaborate(self, platform):
         m = Module()
@@ -808,8 +834,6 @@ class SampleEngine(wiring.Component):
                 with m.If(self.start):
                     m.d.sync += [s.busy.eq(1), s.fault.eq(0), s.pc.eq(0), ld.eq(0),
                                  s.correct.eq(0), s.correction.eq(0), s.pending.eq(0)]
-                    m.d.sync += [e.eq(0) for e in s.events.values()]
-                    m.d.sync += [c.eq(0) for c in self.kind_cycles.values()]
                     if hasattr(s, "lfsr"):
                         m.d.comb += [s.lfsr.load.eq(1), s.lfsr.seed.eq(self.lfsr_seed)]
                     m.next = "LOAD"
@@ -921,9 +945,9 @@ class SampleEngine(wiring.Component):
                 with m.If(trained & ~s.fault):
                     m.d.sync += [s.count("batches"), s.count("samples", self.batch)]
                 m.next = "IDLE"
-        for kind, cycles in self.kind_cycles.items():
-            with m.If(s.busy & s.is_[kind]):
-                m.d.sync += cycles.eq(cycles + 1)
+        m.d.comb += self.kind.eq(s.kind)
+        if self.tally:
+            self._tally(m, s)
         # a step whose kept channel leaves a memory: the walk stops, the step dies in its
         # stage (nothing is read or written for it), the run ends after the drain
         with m.If(s.bad_address):
@@ -931,6 +955,17 @@ class SampleEngine(wiring.Component):
             m.d.sync += s.fault.eq(1)
         m.d.comb += [self.busy.eq(s.busy), self.fault.eq(s.fault), self.correct.eq(s.correct),
                      s.busy_units.eq(Cat(*s.in_flight).any())]
+
+    def _tally(self, m, s):
+        """The events and cycles per kind of the last run, for the core alone."""
+        for name, ev in self.events.items():
+            m.d.sync += ev.eq(ev + getattr(self.inc, name))
+        for kind, cycles in self.kind_cycles.items():
+            with m.If(s.busy & s.is_[kind]):
+                m.d.sync += cycles.eq(cycles + 1)
+        with m.If(self.start & ~s.busy):
+            m.d.sync += [e.eq(0) for e in self.events.values()]
+            m.d.sync += [c.eq(0) for c in self.kind_cycles.values()]
 
 
 class _Core:
@@ -940,7 +975,10 @@ class _Core:
         bld = engine.build
         self.P = bld.lanes
         self.gens = dataflow.GENERATORS
-        self.events = engine.events
+        # the events of this cycle, registered into the inc port: every count() below
+        # overrides this default (the statements that follow take priority)
+        self.inc = engine.inc
+        m.d.sync += self.inc.eq(0)
         self.busy, self.fault = Signal(), Signal()
         self.pc = Signal(ceil_log2(dataflow.PROGRAM_WORDS + 1))
         self.correct = Signal(range(bld.max_batch + 1))
@@ -983,8 +1021,8 @@ class _Core:
         self.upd_value = Signal(signed(lacc))
 
     def count(self, name, amount=1):
-        ev = self.events[name]
-        return ev.eq(ev + amount)
+        """A sync statement: `amount` of event `name` in this cycle."""
+        return getattr(self.inc, name).eq(amount)
 
     @staticmethod
     def chain(m, a, b):

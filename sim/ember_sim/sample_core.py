@@ -67,6 +67,7 @@ async def run_command(ctx, dut, build, words, layers, weights, batch, x, y=None,
         cycles += 1
         if cycles > max_cycles:
             raise TimeoutError(f"the core ran {max_cycles} cycles without finishing")
+    await ctx.tick()                    # the tallies are a cycle behind the core's events
     out = {"cycles": cycles, "fault": ctx.get(dut.fault),
            "events": {name: ctx.get(sig) for name, sig in dut.events.items()},
            "kind_cycles": {name: ctx.get(sig) for name, sig in dut.kind_cycles.items()}}
