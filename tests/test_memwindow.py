@@ -286,3 +286,114 @@ def test_ports_are_as_wide_as_the_engines_memories():
             assert len(win.act_limit) >= (build.max_batch * build.max_width).bit_length()
             del win
         gc.collect()
+
+
+class SampleHarness:
+    """Engine v2's window (SampleWindow) with memories laid out as SampleEngine's: one weight
+    per word, the activation bytes, the program, labels and predictions."""
+
+    def __init__(self, build, predictions):
+        from ember import dataflow
+        from ember_hw.memwindow import SampleWindow
+        P = build.lanes
+        self.m = m = Module()
+        m.submodules.win = self.win = win = SampleWindow(build)
+        mems = {"wmem": (W, build.weight_words * P), "amem": (spec.ACT_BITS, build.act_bytes // P * P),
+                "prog": (32, dataflow.PROGRAM_WORDS), "lmem": (spec.LABEL_BITS, build.max_batch)}
+        for name, (bits, depth) in mems.items():
+            m.submodules[name] = mem = Memory(shape=unsigned(bits), depth=depth, init=[])
+            setattr(self, name, mem)
+        m.submodules.pmem = self.pmem = Memory(shape=unsigned(spec.LABEL_BITS),
+                                               depth=build.max_batch, init=predictions)
+        w_rd, w_wr = self.wmem.read_port(), self.wmem.write_port()
+        g_rd, g_wr = self.prog.read_port(), self.prog.write_port()
+        a_wr = self.amem.write_port()
+        l_rd, l_wr = self.lmem.read_port(), self.lmem.write_port()
+        p_rd = self.pmem.read_port()
+        m.d.comb += [w_wr.addr.eq(win.w_wr_addr), w_wr.data.eq(win.w_wr_data),
+                     w_wr.en.eq(win.w_wr_en), w_rd.addr.eq(win.w_rd_addr),
+                     win.w_rd_data.eq(w_rd.data),
+                     g_wr.addr.eq(win.prog_wr_addr), g_wr.data.eq(win.prog_wr_data),
+                     g_wr.en.eq(win.prog_wr_en), g_rd.addr.eq(win.prog_rd_addr),
+                     win.prog_rd_data.eq(g_rd.data),
+                     a_wr.addr.eq(win.act_wr_addr), a_wr.data.eq(win.act_wr_data),
+                     a_wr.en.eq(win.act_wr_en),
+                     l_wr.addr.eq(win.label_wr_addr), l_wr.data.eq(win.label_wr_data),
+                     l_wr.en.eq(win.label_wr_en),
+                     l_rd.addr.eq(win.label_rd_addr), p_rd.addr.eq(win.label_rd_addr),
+                     win.label_rd_data.eq(l_rd.data), win.pred_rd_data.eq(p_rd.data)]
+
+
+def sample_cycles(build, addr, data, status):
+    """Cycles from the access's first cycle to its answer (SampleWindow's timing)."""
+    if status != "ok":
+        return 0
+    region = addr >> spec.REGION_BITS
+    if region == REGION["weights"]:
+        return 1 if data is not None else 2
+    if region == REGION["program"]:
+        return 0 if data is not None else 1
+    return expected_cycles(build, addr, data, status)
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=lambda b: b.name)
+@pytest.mark.parametrize("batch", [5, 8])
+def test_v2_window_answers_and_writes_like_the_model(build, batch):
+    """Engine v2's window against the model's v2 layouts: random accesses of every region,
+    the program's included, answer the same, leave the same weights, input bytes (only the
+    samples of the batch: a full last block and a partial one), program words and labels,
+    each answer in its docstring's cycle."""
+    from ember import dataflow
+    build = dataclasses.replace(build, dataflow="samples")
+    P = build.lanes
+    rng = np.random.default_rng(100 + build.lanes + batch)
+    inputs, classes = 37, 10
+    model = configured_model(build, batch, inputs, classes)
+    predictions = [int(v) for v in rng.integers(0, 1 << 16, build.max_batch)]
+    model.predictions[:] = predictions
+    h = SampleHarness(build, predictions)
+    accesses = random_accesses(build, rng, classes, 300)
+    for _ in range(60):
+        off = int(rng.integers(0, dataflow.PROGRAM_WORDS)) if rng.random() < 0.85 else \
+            int(rng.choice([dataflow.PROGRAM_WORDS, (1 << spec.REGION_BITS) - 1]))
+        data = int(rng.integers(0, 1 << 32)) if rng.random() < 0.6 else None
+        accesses.insert(int(rng.integers(0, len(accesses))),
+                        ((REGION["program"] << spec.REGION_BITS) | off, data))
+    mismatches, late = [], []
+
+    async def bench(ctx):
+        win = h.win
+        ctx.set(win.full_words, batch // P * inputs)
+        ctx.set(win.block_words, build.sample_blocks(batch) * inputs)
+        ctx.set(win.tail, batch % P)
+        ctx.set(win.limit_ready, 1)
+        ctx.set(win.classes, classes)
+        drv = WindowDriver(ctx, win)
+        for addr, data in accesses:
+            got, cycles = await drv.access(addr, data)
+            want = model_access(model, addr, data)
+            if got != want:
+                mismatches.append((hex(addr), data, got, want))
+            elif cycles != sample_cycles(build, addr, data, want[0]):
+                late.append((hex(addr), data, cycles))
+        depth = build.act_bytes // P * P
+        assert [ctx.get(h.wmem.data[i]) for i in range(build.weight_words * P)] == \
+            (model.weights & 0xFFFF).tolist()
+        assert [ctx.get(h.amem.data[i]) for i in range(depth)] == model.acts[:depth].tolist()
+        assert [ctx.get(h.prog.data[i]) for i in range(dataflow.PROGRAM_WORDS)] == \
+            model.program.tolist()
+        assert [ctx.get(h.lmem.data[i]) for i in range(build.max_batch)] == model.labels.tolist()
+        assert drv.label_words == model.labels_written
+        def kept(byte):                 # a byte of a sample in the batch
+            word, lane = divmod(byte, P)
+            return word < build.act_bytes // P and (word // inputs) * P + lane < batch
+        assert drv.act_writes == sum(
+            sum(kept(4 * (addr & 0xFFFFF) + i) for i in range(4)) for addr, data in accesses
+            if data is not None and addr >> spec.REGION_BITS == REGION["acts"]
+            and (addr & 0xFFFFF) < (build.act_bytes + 3) // 4)
+
+    run_testbench(h.m, bench)
+    assert not mismatches, mismatches[:6]
+    assert not late, late[:6]
+    statuses = {model_access(VirtualEngine(build), a, d)[0] for a, d in accesses}
+    assert {"ok", "out_of_range", "bad_value"} <= statuses

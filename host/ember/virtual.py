@@ -157,7 +157,8 @@ class VirtualEngine:
                 # dropped (and not counted), like a byte past the batch in v1
                 for i in range(4):
                     byte = 4 * off + i
-                    if byte < self.build.sample_blocks(batch) * k0 * P:
+                    if byte < min(self.build.sample_blocks(batch) * k0,
+                                  self.build.act_bytes // P) * P:
                         word, lane = divmod(byte, P)
                         if (word // k0) * P + lane < batch:
                             self.acts[byte] = (value >> (8 * i)) & 0xFF

@@ -79,11 +79,14 @@ class MemoryWindow(wiring.Component):
 
     def __init__(self, build=spec.DEFAULT_BUILD):
         self.build = build
-        P = build.lanes
-        W = spec.WEIGHT_BITS
+        super().__init__(self._members(build))
+
+    @staticmethod
+    def _members(build):
+        P, W = build.lanes, spec.WEIGHT_BITS
         # the input batch's size fits the product of its factors' registers' widths
         limit_bits = (build.settings()["batch"].bits + build.descriptor_fields()["inputs"].bits)
-        super().__init__({
+        return {
             "sel": In(1),
             "addr": In(spec.BUS_ADDR_BITS),
             "write": In(1),
@@ -114,120 +117,253 @@ class MemoryWindow(wiring.Component):
             "label_rd_addr": Out(ceil_log2(build.max_batch)),
             "label_rd_data": In(spec.LABEL_BITS),
             "pred_rd_data": In(spec.LABEL_BITS),
-        })
+        }
 
     def elaborate(self, platform):
         m = Module()
-        bld = self.build
-        P = bld.lanes
-        LOGP = P.bit_length() - 1
-        region = self.addr[spec.REGION_BITS:]
-        offset = self.addr[:spec.REGION_BITS]
-        regions = {name: base >> spec.REGION_BITS for name, (base, _) in spec.ADDRESS_MAP.items()
-                   if base >> spec.REGION_BITS}
-        wr = self.write
-        bus_phase = Signal(2)               # sub-steps of multi-cycle accesses
-        bus_rdata = Signal(spec.LABEL_BITS)     # a read's first label or prediction
-        lanes_left = Signal(range(P))       # lanes u_word still shifts for a weight read
-        byte_step = Signal(2)               # the byte (acts) or label (bit 0) being written
-
-        def ack(data=None):
-            return answer_ok(self, data)
-
-        def err(name):
-            return answer_error(self, name)
-
+        r = _Access(self)
         with m.If(self.sel):
-            with m.Switch(region):
-                with m.Case(regions["weights"]):
-                    # two lanes per bus word; word = offset*2 // P
-                    word = offset[LOGP - 1:]
-                    pair = offset[:LOGP - 1] if LOGP > 1 else Const(0, 1)
-                    with m.If(word >= bld.weight_words):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(self.busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr):
-                        m.d.comb += [self.w_wr_addr.eq(word),
-                                     self.w_wr_data.eq(self.w_data.replicate(P // 2)),
-                                     self.w_wr_en.eq(Const(0b11, 2) << (pair * 2))]
-                        m.d.comb += ack()
-                    with m.Else():
-                        # read: address, then the word into the update unit's u_word, which
-                        # shifts down a lane per cycle until the pair is at its bottom (no
-                        # P * 16-to-32 multiplexer; the link is far slower than this)
-                        with m.Switch(bus_phase):
-                            with m.Case(0):
-                                m.d.comb += [self.w_rd.eq(1), self.w_rd_addr.eq(word)]
-                                m.d.sync += [bus_phase.eq(1), lanes_left.eq(pair << 1)]
-                            with m.Case(1):
-                                m.d.comb += self.u_word_load.eq(1)
-                                m.d.sync += bus_phase.eq(2)
-                            with m.Default():
-                                with m.If(lanes_left != 0):
-                                    m.d.comb += self.u_word_shift.eq(1)
-                                    m.d.sync += lanes_left.eq(lanes_left - 1)
-                                with m.Else():
-                                    m.d.comb += ack(self.u_word_low)
-                                    m.d.sync += bus_phase.eq(0)
-                with m.Case(regions["acts"]):
-                    # four bytes per bus word, written one per cycle; bytes past the input
-                    # region (batch * inputs of layer 0) are not written (nor counted)
-                    byte = Cat(byte_step, offset)
-                    with m.If(offset >= (bld.act_bytes + 3) // 4):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(self.busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr & ~self.limit_ready):
-                        pass        # wait: the engine is recomputing the limit
-                    with m.Elif(wr):
-                        with m.If(byte < self.act_limit):
-                            m.d.comb += [self.act_wr_addr.eq(byte), self.act_wr_en.eq(1),
-                                         self.act_wr_data.eq(
-                                             self.w_data.word_select(byte_step, spec.ACT_BITS))]
-                        m.d.sync += byte_step.eq(byte_step + 1)
-                        with m.If(byte_step == 3):
-                            m.d.comb += ack()
-                    with m.Else():
-                        m.d.comb += err("bad_value")      # activations are write-only
-                with m.Case(regions["labels"], regions["predictions"]):
-                    idx = Cat(Const(0, 1), offset)
-                    is_labels = region == regions["labels"]
-                    m.d.comb += self.label_word.eq(offset)
-                    mem_rd = Mux(is_labels, self.label_rd_data, self.pred_rd_data)
-                    with m.If(offset >= (bld.max_batch + 1) // 2):
-                        m.d.comb += err("out_of_range")
-                    with m.Elif(self.busy):
-                        m.d.comb += err("busy")
-                    with m.Elif(wr & is_labels & ~byte_step[0] &
-                                ((self.w_data[:spec.LABEL_BITS] >= self.classes) |
-                                 (self.w_data[spec.LABEL_BITS:] >= self.classes))):
-                        # both labels are checked against the class count before either is
-                        # written: a word with a label out of range changes nothing
-                        m.d.comb += err("bad_value")
-                    with m.Elif(wr & is_labels):
-                        m.d.comb += [self.label_wr_addr.eq(idx | byte_step[0]),
-                                     self.label_wr_en.eq(1),
-                                     self.label_wr_data.eq(
-                                         self.w_data.word_select(byte_step[0], spec.LABEL_BITS))]
-                        m.d.sync += byte_step.eq(Mux(byte_step[0], 0, 1))
-                        with m.If(byte_step[0]):
-                            m.d.comb += ack() + [self.label_written.eq(1)]
-                    with m.Elif(wr):
-                        m.d.comb += err("bad_value")
-                    with m.Else():
-                        # two reads of a label or prediction, one cycle of latency each
-                        m.d.comb += self.label_rd_addr.eq(idx | bus_phase[1])
-                        with m.Switch(bus_phase):
-                            with m.Case(0):
-                                m.d.sync += bus_phase.eq(1)
-                            with m.Case(1):
-                                m.d.sync += [bus_rdata.eq(mem_rd), bus_phase.eq(2)]
-                            with m.Case(2):
-                                m.d.sync += bus_phase.eq(3)
-                            with m.Case(3):
-                                m.d.comb += ack(Cat(bus_rdata, mem_rd))
-                                m.d.sync += bus_phase.eq(0)
+            with m.Switch(r.region):
+                self._regions(m, r)
                 with m.Default():
-                    m.d.comb += err("out_of_range")
+                    m.d.comb += r.err("out_of_range")
         return m
+
+    def _regions(self, m, r):
+        with m.Case(r.regions["weights"]):
+            self._weights(m, r)
+        with m.Case(r.regions["acts"]):
+            self._acts(m, r)
+        with m.Case(r.regions["labels"], r.regions["predictions"]):
+            self._labels(m, r)
+
+    def _weights(self, m, r):
+        bld, P = self.build, self.build.lanes
+        LOGP = P.bit_length() - 1
+        offset = r.offset
+        # two lanes per bus word; word = offset*2 // P
+        word = offset[LOGP - 1:]
+        pair = offset[:LOGP - 1] if LOGP > 1 else Const(0, 1)
+        with m.If(word >= bld.weight_words):
+            m.d.comb += r.err("out_of_range")
+        with m.Elif(self.busy):
+            m.d.comb += r.err("busy")
+        with m.Elif(r.wr):
+            m.d.comb += [self.w_wr_addr.eq(word),
+                         self.w_wr_data.eq(self.w_data.replicate(P // 2)),
+                         self.w_wr_en.eq(Const(0b11, 2) << (pair * 2))]
+            m.d.comb += r.ack()
+        with m.Else():
+            # read: address, then the word into the update unit's u_word, which shifts down
+            # a lane per cycle until the pair is at its bottom (no P * 16-to-32 multiplexer;
+            # the link is far slower than this)
+            with m.Switch(r.bus_phase):
+                with m.Case(0):
+                    m.d.comb += [self.w_rd.eq(1), self.w_rd_addr.eq(word)]
+                    m.d.sync += [r.bus_phase.eq(1), r.lanes_left.eq(pair << 1)]
+                with m.Case(1):
+                    m.d.comb += self.u_word_load.eq(1)
+                    m.d.sync += r.bus_phase.eq(2)
+                with m.Default():
+                    with m.If(r.lanes_left != 0):
+                        m.d.comb += self.u_word_shift.eq(1)
+                        m.d.sync += r.lanes_left.eq(r.lanes_left - 1)
+                    with m.Else():
+                        m.d.comb += r.ack(self.u_word_low)
+                        m.d.sync += r.bus_phase.eq(0)
+
+    def _keep_byte(self, byte):
+        """An input byte inside the batch (v1: below batch * inputs of layer 0)."""
+        return byte < self.act_limit
+
+    def _acts(self, m, r):
+        # four bytes per bus word, written one per cycle; bytes past the input batch are not
+        # written (nor counted)
+        bld, offset = self.build, r.offset
+        byte = Cat(r.byte_step, offset)
+        with m.If(offset >= (bld.act_bytes + 3) // 4):
+            m.d.comb += r.err("out_of_range")
+        with m.Elif(self.busy):
+            m.d.comb += r.err("busy")
+        with m.Elif(r.wr & ~self.limit_ready):
+            pass        # wait: the engine is recomputing the limit
+        with m.Elif(r.wr):
+            with m.If(self._keep_byte(byte)):
+                m.d.comb += [self.act_wr_addr.eq(byte), self.act_wr_en.eq(1),
+                             self.act_wr_data.eq(
+                                 self.w_data.word_select(r.byte_step, spec.ACT_BITS))]
+            m.d.sync += r.byte_step.eq(r.byte_step + 1)
+            with m.If(r.byte_step == 3):
+                m.d.comb += r.ack()
+        with m.Else():
+            m.d.comb += r.err("bad_value")      # activations are write-only
+
+    def _labels(self, m, r):
+        bld, offset, byte_step = self.build, r.offset, r.byte_step
+        idx = Cat(Const(0, 1), offset)
+        is_labels = r.region == r.regions["labels"]
+        m.d.comb += self.label_word.eq(offset)
+        mem_rd = Mux(is_labels, self.label_rd_data, self.pred_rd_data)
+        with m.If(offset >= (bld.max_batch + 1) // 2):
+            m.d.comb += r.err("out_of_range")
+        with m.Elif(self.busy):
+            m.d.comb += r.err("busy")
+        with m.Elif(r.wr & is_labels & ~byte_step[0] &
+                    ((self.w_data[:spec.LABEL_BITS] >= self.classes) |
+                     (self.w_data[spec.LABEL_BITS:] >= self.classes))):
+            # both labels are checked against the class count before either is written: a
+            # word with a label out of range changes nothing
+            m.d.comb += r.err("bad_value")
+        with m.Elif(r.wr & is_labels):
+            m.d.comb += [self.label_wr_addr.eq(idx | byte_step[0]), self.label_wr_en.eq(1),
+                         self.label_wr_data.eq(
+                             self.w_data.word_select(byte_step[0], spec.LABEL_BITS))]
+            m.d.sync += byte_step.eq(Mux(byte_step[0], 0, 1))
+            with m.If(byte_step[0]):
+                m.d.comb += r.ack() + [self.label_written.eq(1)]
+        with m.Elif(r.wr):
+            m.d.comb += r.err("bad_value")
+        with m.Else():
+            # two reads of a label or prediction, one cycle of latency each
+            m.d.comb += self.label_rd_addr.eq(idx | r.bus_phase[1])
+            with m.Switch(r.bus_phase):
+                with m.Case(0):
+                    m.d.sync += r.bus_phase.eq(1)
+                with m.Case(1):
+                    m.d.sync += [r.bus_rdata.eq(mem_rd), r.bus_phase.eq(2)]
+                with m.Case(2):
+                    m.d.sync += r.bus_phase.eq(3)
+                with m.Case(3):
+                    m.d.comb += r.ack(Cat(r.bus_rdata, mem_rd))
+                    m.d.sync += r.bus_phase.eq(0)
+
+
+class _Access:
+    """The decoded access and the sub-step registers the regions share."""
+
+    def __init__(self, win):
+        self.region = win.addr[spec.REGION_BITS:]
+        self.offset = win.addr[:spec.REGION_BITS]
+        self.regions = {name: base >> spec.REGION_BITS
+                        for name, (base, _) in spec.ADDRESS_MAP.items() if base >> spec.REGION_BITS}
+        self.wr = win.write
+        self.bus_phase = Signal(2)          # sub-steps of multi-cycle accesses
+        self.bus_rdata = Signal(spec.LABEL_BITS)    # a read's first half (label, prediction)
+        self.lanes_left = Signal(range(win.build.lanes))    # u_word's shifts left (weights)
+        self.byte_step = Signal(2)          # the byte (acts) or label (bit 0) being written
+        self._win = win
+
+    def ack(self, data=None):
+        return answer_ok(self._win, data)
+
+    def err(self, name):
+        return answer_error(self._win, name)
+
+
+class SampleWindow(MemoryWindow):
+    """Engine v2's memory window (ember_hw.sample_engine: ``Build.dataflow`` "samples").
+
+    Golden twin: the v2 half of ``ember.virtual.VirtualEngine``'s ``read``/``write`` (its
+    ``self.v2`` branches) and the v2 layouts of ``spec.ADDRESS_MAP`` (ember.regmap). What
+    differs from `MemoryWindow`:
+
+    - weights: one weight per memory word (``weight_words * P`` of them), two per bus word,
+      weight ``2 * offset`` in the low half. A write writes the low weight in c and the high
+      one in c + 1 (answered then); a read reads both and is answered in c + 2.
+      ``out_of_range`` from ``offset * 2 >= weight_words * P``.
+    - acts: the input batch in sample blocks (byte ``(s * K + k) * P + p`` holds input k of
+      sample s * P + p): a byte is written if its sample is in the batch: its word
+      (byte // P) is below ``full_words`` (the words of the full sample blocks:
+      (batch // P) * K), or below ``block_words`` (every block's: blocks * K) with its lane
+      below ``tail`` (batch % P); and its word inside the core's activation memory.
+    - program: the program memory's words (``dataflow.PROGRAM_WORDS``), written in c, read
+      in c + 1.
+
+    Ports: MemoryWindow's, with these in place of its weight and activation limit ports:
+      w_wr_addr, w_wr_data, w_wr_en: Out -- a weight write (one weight);
+      w_rd_addr: Out; w_rd_data: In -- a weight, the cycle after its address;
+      full_words, block_words, tail: In -- the input batch's extent (above), valid while
+                limit_ready;
+      prog_wr_addr, prog_wr_data, prog_wr_en: Out -- a program word write;
+      prog_rd_addr: Out; prog_rd_data: In -- a program word, the cycle after its address.
+    """
+
+    def __init__(self, build):
+        from ember import dataflow
+        P = build.lanes
+        depth = build.weight_words * P
+        self.weight_depth, self.act_words = depth, build.act_bytes // P
+        self.program_words = dataflow.PROGRAM_WORDS
+        super().__init__(build)
+
+    def _members(self, build):
+        P, depth = build.lanes, self.weight_depth
+        members = MemoryWindow._members(build)
+        for name in ("act_limit", "w_wr_addr", "w_wr_data", "w_wr_en", "w_rd", "w_rd_addr",
+                     "u_word_load", "u_word_shift", "u_word_low"):
+            del members[name]
+        words_bits = build.settings()["batch"].bits + build.descriptor_fields()["inputs"].bits
+        members.update({
+            "w_wr_addr": Out(ceil_log2(depth)), "w_wr_data": Out(spec.WEIGHT_BITS),
+            "w_wr_en": Out(1), "w_rd_addr": Out(ceil_log2(depth)),
+            "w_rd_data": In(spec.WEIGHT_BITS),
+            "full_words": In(words_bits), "block_words": In(words_bits),
+            "tail": In(range(P)),
+            "prog_wr_addr": Out(ceil_log2(self.program_words)),
+            "prog_wr_data": Out(spec.BUS_DATA_BITS), "prog_wr_en": Out(1),
+            "prog_rd_addr": Out(ceil_log2(self.program_words)),
+            "prog_rd_data": In(spec.BUS_DATA_BITS),
+        })
+        return members
+
+    def _regions(self, m, r):
+        super()._regions(m, r)
+        with m.Case(r.regions["program"]):
+            self._program(m, r)
+
+    def _weights(self, m, r):
+        low = Cat(Const(0, 1), r.offset)        # the low weight's index
+        with m.If(r.offset >= self.weight_depth // 2):
+            m.d.comb += r.err("out_of_range")
+        with m.Elif(self.busy):
+            m.d.comb += r.err("busy")
+        with m.Elif(r.wr):
+            half = r.bus_phase[0]
+            m.d.comb += [self.w_wr_addr.eq(low | half), self.w_wr_en.eq(1),
+                         self.w_wr_data.eq(self.w_data.word_select(half, spec.WEIGHT_BITS))]
+            m.d.sync += r.bus_phase.eq(~half)
+            with m.If(half):
+                m.d.comb += r.ack()
+        with m.Else():
+            with m.Switch(r.bus_phase):
+                with m.Case(0):
+                    m.d.comb += self.w_rd_addr.eq(low)
+                    m.d.sync += r.bus_phase.eq(1)
+                with m.Case(1):
+                    m.d.comb += self.w_rd_addr.eq(low | 1)
+                    m.d.sync += [r.bus_rdata.eq(self.w_rd_data), r.bus_phase.eq(2)]
+                with m.Default():
+                    m.d.comb += r.ack(Cat(r.bus_rdata, self.w_rd_data))
+                    m.d.sync += r.bus_phase.eq(0)
+
+    def _keep_byte(self, byte):
+        LOGP = self.build.lanes.bit_length() - 1
+        word, lane = byte[LOGP:], byte[:LOGP]
+        return (word < self.act_words) & ((word < self.full_words) |
+                                          ((word < self.block_words) & (lane < self.tail)))
+
+    def _program(self, m, r):
+        with m.If(r.offset >= self.program_words):
+            m.d.comb += r.err("out_of_range")
+        with m.Elif(self.busy):
+            m.d.comb += r.err("busy")
+        with m.Elif(r.wr):
+            m.d.comb += [self.prog_wr_addr.eq(r.offset), self.prog_wr_data.eq(self.w_data),
+                         self.prog_wr_en.eq(1), r.ack()]
+        with m.Else():
+            m.d.comb += self.prog_rd_addr.eq(r.offset)
+            with m.If(r.bus_phase == 0):
+                m.d.sync += r.bus_phase.eq(1)
+            with m.Else():
+                m.d.comb += r.ack(self.prog_rd_data)
+                m.d.sync += r.bus_phase.eq(0)

@@ -23,6 +23,8 @@ when v2 replaces v1, the memory window and register bank) drives the ports below
   prog_wr_*, w_wr_*, act_wr_*, label_wr_*: In -- write a program word, a weight, an
                 activation byte (at word * P + lane) or a label, while idle.
   w_rd_addr: In; w_rd_data: Out -- a weight, the cycle after its address (while idle).
+  prog_rd_addr: In; prog_rd_data: Out -- a program word, the cycle after its address (while
+                idle).
   pred_rd_addr: In; pred_rd_data: Out -- a prediction, the cycle after its address.
   inc:          Out -- one field per event (EVENTS, ``event_bounds(build)`` sizes each): the
                 amount to add to that counter, registered (the events of cycle t are in
@@ -151,6 +153,8 @@ class SampleEngine(wiring.Component):
             "prog_wr_addr": In(ceil_log2(dataflow.PROGRAM_WORDS)),
             "prog_wr_data": In(spec.BUS_DATA_BITS),
             "prog_wr_en": In(1),
+            "prog_rd_addr": In(ceil_log2(dataflow.PROGRAM_WORDS)),
+            "prog_rd_data": Out(spec.BUS_DATA_BITS),
             "w_wr_addr": In(self.w_bits),
             "w_wr_data": In(spec.WEIGHT_BITS),
             "w_wr_en": In(1),
@@ -214,7 +218,7 @@ class SampleEngine(wiring.Component):
                      s.l_wr.addr.eq(self.label_wr_addr), s.l_wr.data.eq(self.label_wr_data),
                      s.l_wr.en.eq(self.label_wr_en & idle),
                      s.p_rd.addr.eq(self.pred_rd_addr), self.pred_rd_data.eq(s.p_rd.data),
-                     self.w_rd_data.eq(s.w_rd.data)]
+                     self.w_rd_data.eq(s.w_rd.data), self.prog_rd_data.eq(s.prog_rd.data)]
         with m.If(idle):
             m.d.comb += [s.w_wr.addr.eq(self.w_wr_addr), s.w_wr.data.eq(self.w_wr_data),
                          s.w_wr.en.eq(self.w_wr_en), s.w_rd.addr.eq(self.w_rd_addr),
@@ -806,7 +810,8 @@ class SampleEngine(wiring.Component):
         ld = Signal(range(dataflow.PHASE_WORDS + 1))
         booked = Signal()                   # the select phase's bookkeeping is done
         trained = Signal()                  # the program ran a loss phase: a training step
-        m.d.comb += s.prog_rd.addr.eq(s.pc + ld)
+        # while idle the bus reads the program (the memory window's program region)
+        m.d.comb += s.prog_rd.addr.eq(Mux(s.busy, s.pc + ld, self.prog_rd_addr))
         # the phase's program words into its registers: word i arrives when ld = i + 1
         targets = [None] * (dataflow.HEADER_WORDS + dataflow.BOUND_WORDS)
         for g in s.gens:
