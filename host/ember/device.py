@@ -261,6 +261,11 @@ class EngineDevice(Device):
         except LinkError as e:
             if e.status in ("aborted", "watchdog"):
                 raise self._stopped(name, e.status) from e
+            if e.status == "fault":
+                raise CommandStopped(
+                    f"the {name} command stopped: the device refused its program part way "
+                    "(an address outside a memory, an unknown phase kind or a bound of 0); "
+                    "layers it had updated keep their update", "fault", {}) from e
             if e.status != "bad_value":
                 raise
             check = self.link.read_words(regmap.reg("rejected"), 1)[0]

@@ -531,6 +531,9 @@ LINK_STATUS = {
     "duplicate": 0x07,
     "aborted": 0x08,
     "watchdog": 0x09,
+    # engine v2: the core refused the program part way (an address outside a memory, an
+    # unknown phase kind, a bound of 0: ember_hw.sample_engine)
+    "fault": 0x0A,
 }
 #: Bits of a status code: a response's first byte, and the error word's low bits on the bus.
 LINK_STATUS_BITS = 8

@@ -53,6 +53,9 @@ before it reaches the bus, see EngineCore):
   start_train, start_infer, clear_counters, abort: Out(1) -- registered, one cycle each.
   defer:          Out(1) -- with ack: the write started a command (ember_hw.bus).
   owing:          In(1) -- the bus master still owes the host a command's answer.
+  cmd_status:     In -- how the last command ended (a LINK_STATUS code; 0, ``ok``, if not
+                  driven): without the abort unit, the held command write is answered with
+                  it (an error unless ``ok``).
   stopped:        In -- STOPPED's value (spec.STOP_FIELDS), from the sequencer.
   desc_loading, desc_addr: In -- the sequencer reads descriptor word desc_addr;
   desc_data:      Out -- the word, the cycle after.
@@ -115,6 +118,7 @@ class RegisterBank(wiring.Component):
             "abort": Out(1),
             "defer": Out(1),
             "owing": In(1),
+            "cmd_status": In(spec.LINK_STATUS_BITS),
             "stopped": In(max(lo + bits for lo, bits in spec.STOP_FIELDS.values())),
             "desc_loading": In(1),
             "desc_addr": In(range(self.desc_depth)),
@@ -289,7 +293,10 @@ class RegisterBank(wiring.Component):
                 else:
                     with m.If(cmd_pending):
                         with m.If(~self.busy & ~self.start_train & ~self.start_infer):
-                            m.d.comb += ack()
+                            with m.If(self.cmd_status == spec.LINK_STATUS["ok"]):
+                                m.d.comb += ack()
+                            with m.Else():
+                                m.d.comb += [self.err.eq(1), self.data.eq(self.cmd_status)]
                             m.d.sync += cmd_pending.eq(0)
                     with m.Elif(self.busy):
                         m.d.comb += err("busy")

@@ -26,6 +26,10 @@ when v2 replaces v1, the memory window and register bank) drives the ports below
   prog_rd_addr: In; prog_rd_data: Out -- a program word, the cycle after its address (while
                 idle).
   pred_rd_addr: In; pred_rd_data: Out -- a prediction, the cycle after its address.
+  label_rd_addr: In; label_rd_data: Out -- a label, the cycle after its address (while idle).
+  weight_write: Out(1) -- the run writes a weight in this cycle (the stop unit's: an abort
+                never leaves a step half applied).
+  layer:        Out -- the layer of the phase running (STOPPED's layer field).
   inc:          Out -- one field per event (EVENTS, ``event_bounds(build)`` sizes each): the
                 amount to add to that counter, registered (the events of cycle t are in
                 inc in cycle t + 1). The shell's counter file (ember_hw.counters) takes it.
@@ -168,6 +172,10 @@ class SampleEngine(wiring.Component):
             "label_wr_en": In(1),
             "pred_rd_addr": In(ceil_log2(build.max_batch)),
             "pred_rd_data": Out(spec.LABEL_BITS),
+            "label_rd_addr": In(ceil_log2(build.max_batch)),
+            "label_rd_data": Out(spec.LABEL_BITS),
+            "weight_write": Out(1),
+            "layer": Out(range(build.max_layers + 1)),
             "inc": Out(data.StructLayout({name: range(bound + 1)
                                           for name, bound in event_bounds(build).items()})),
             "kind": Out(4),
@@ -218,7 +226,8 @@ class SampleEngine(wiring.Component):
                      s.l_wr.addr.eq(self.label_wr_addr), s.l_wr.data.eq(self.label_wr_data),
                      s.l_wr.en.eq(self.label_wr_en & idle),
                      s.p_rd.addr.eq(self.pred_rd_addr), self.pred_rd_data.eq(s.p_rd.data),
-                     self.w_rd_data.eq(s.w_rd.data), self.prog_rd_data.eq(s.prog_rd.data)]
+                     self.w_rd_data.eq(s.w_rd.data), self.prog_rd_data.eq(s.prog_rd.data),
+                     s.l_rd.addr.eq(self.label_rd_addr), self.label_rd_data.eq(s.l_rd.data)]
         with m.If(idle):
             m.d.comb += [s.w_wr.addr.eq(self.w_wr_addr), s.w_wr.data.eq(self.w_wr_data),
                          s.w_wr.en.eq(self.w_wr_en), s.w_rd.addr.eq(self.w_rd_addr),
@@ -950,7 +959,8 @@ class SampleEngine(wiring.Component):
                 with m.If(trained & ~s.fault):
                     m.d.sync += [s.count("batches"), s.count("samples", self.batch)]
                 m.next = "IDLE"
-        m.d.comb += self.kind.eq(s.kind)
+        m.d.comb += [self.kind.eq(s.kind), self.layer.eq(s.layer),
+                     self.weight_write.eq(s.w_wr.en & s.busy)]
         if self.tally:
             self._tally(m, s)
         # a step whose kept channel leaves a memory: the walk stops, the step dies in its

@@ -21,7 +21,7 @@ plus ``batch + 3`` of checking before it starts (tests/test_stepcheck.py measure
 engine's cycle counters do not see them (the sequencer starts after the check).
 """
 
-from amaranth import Module, Mux, Signal
+from amaranth import Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -95,6 +95,8 @@ class StepCheck(wiring.Component):
         scratch_over = Signal()
         reps = Signal(range(max(max_blocks, bld.max_batch) + 1))
 
+        samples = Const(int(bld.dataflow == "samples"), 1)
+
         def fail(name):
             return [self.done.eq(1), self.failed.eq(CHECK_INDEX[name])]
 
@@ -131,9 +133,14 @@ class StepCheck(wiring.Component):
                 with m.If((layer != 0) & (k != prev_n)):
                     m.d.comb += fail("chain")
                     m.next = "IDLE"
-                with m.Elif(weights_moved):
+                with m.Elif(weights_moved & ~samples):
                     m.d.comb += fail("weights")
                     m.next = "IDLE"
+                with m.Elif(samples):
+                    # engine v2: the program says where everything is, and the core checks
+                    # every address it forms (spec.check_command): the next layer
+                    m.d.sync += reps.eq(0)
+                    m.next = "ACTS"
                 with m.Else():
                     m.next = "WEIGHTS"
             with m.State("WEIGHTS"):
@@ -161,9 +168,9 @@ class StepCheck(wiring.Component):
                     m.d.sync += [acts_end.eq(acts_end + k), reps.eq(reps - 1)]
                 with m.Else():
                     m.d.sync += [prev_n.eq(n), field.eq(0), layer.eq(layer + 1)]
-                    with m.If(blocks > widest_blocks):
+                    with m.If((blocks > widest_blocks) & ~samples):
                         m.d.sync += widest_blocks.eq(blocks)
-                    with m.If(~last & (n > widest_hidden)):
+                    with m.If(~last & (n > widest_hidden) & ~samples):
                         m.d.sync += widest_hidden.eq(n)
                     with m.If(last):
                         m.next = "CLASSES"

@@ -19,6 +19,7 @@ from ember import spec
 
 from .engine import EngineCore
 from .link import LinkBridge
+from .sample_core import SampleCore
 from .uart import UARTRx, UARTTx
 
 
@@ -35,7 +36,9 @@ class EngineTop(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.bridge = bridge = LinkBridge()
-        m.submodules.core = core = EngineCore(self.build)
+        # the engine generation by the build's dataflow: v1's EngineCore, or engine v2's
+        m.submodules.core = core = (SampleCore(self.build) if self.build.dataflow == "samples"
+                                    else EngineCore(self.build))
         wiring.connect(m, bridge.bus, core.bus)
         wiring.connect(m, wiring.flipped(self.rx), bridge.rx)
         wiring.connect(m, bridge.tx, wiring.flipped(self.tx))

@@ -1,0 +1,198 @@
+"""Engine v2 behind the bus: the shell around the core (ember_hw.sample_engine.SampleEngine).
+
+Golden twin: ``ember.virtual.VirtualEngine`` on a ``Build.dataflow`` "samples" build (the
+model backend), through the same bus map (``spec.ADDRESS_MAP``, docs/protocol.md section 7).
+The shell only wires units that are each tested alone:
+
+- ``RegisterBank`` (ember_hw.regbank): the settings, layer descriptors, CONTROL with its
+  command check, the identify registers and the counters window. The step's settings are
+  its registers and go straight to the core;
+- ``SampleWindow`` (ember_hw.memwindow): the weight, input, label, prediction and program
+  regions in v2's layouts, on the core's idle ports;
+- ``CounterFile`` (ember_hw.counters): the core's events (its ``inc`` port), the link's
+  bytes, the input bytes the window writes, and the busy cycles by phase kind
+  (``CYCLE_KINDS``);
+- ``CommandStop`` (ember_hw.stopper): abort and watchdog reset the core's runner and
+  pipelines (its memories keep their contents);
+- a serial multiplier for the input batch's extent (the window's ``block_words``: the
+  sample blocks times layer 0's inputs), recomputed after a write of either factor.
+
+A command is CONTROL's train or infer strobe: the core runs the program in its program
+memory, which the host wrote for that command (ember.device). A run the core refuses part
+way (``SampleEngine.fault``: an address outside a memory, an unknown kind or a bound of 0)
+ends the command with the answer ``fault`` (spec.LINK_STATUS).
+
+`SampleCore(build)`: the ports of ``EngineCore`` (bus, link_rx, link_tx, busy), so that
+``EngineTop`` takes either.
+"""
+
+from amaranth import Const, Module, Mux, Signal
+from amaranth.hdl import ResetInserter
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ember import dataflow, spec
+
+from .bus import BusSignature
+from .counters import CounterFile
+from .memwindow import SampleWindow
+from .regbank import RegisterBank
+from .sample_engine import SampleEngine, event_bounds
+from .serial_mul import SerialMultiplier
+from .stopper import CommandStop
+
+#: The cycle counter each phase kind's busy cycles go to. "end" is the kind the core holds
+#: while it loads a run's first phase (the last run ended on it), which is a forward phase.
+CYCLE_KINDS = {"end": "cycles_forward", "forward": "cycles_forward",
+               "logits": "cycles_forward", "argmax": "cycles_forward",
+               "loss": "cycles_loss", "select": "cycles_select",
+               "input_grad": "cycles_input_grad", "requant": "cycles_input_grad",
+               "weight_grad": "cycles_weight_grad", "psg_max": "cycles_weight_grad"}
+assert set(CYCLE_KINDS) == set(dataflow.KINDS)
+assert set(CYCLE_KINDS.values()) <= set(spec.CYCLE_COUNTERS)
+
+
+class SampleCore(wiring.Component):
+    """Engine v2 behind the bus (module docstring).
+
+    Ports:
+      bus:     In(BusSignature()) -- register, counter and memory access (spec.ADDRESS_MAP).
+      link_rx, link_tx: In(1) -- one pulse per link byte received / sent (counted).
+      busy:    Out(1) -- a command is running.
+    """
+
+    def __init__(self, build=spec.DEFAULT_BUILD):
+        if build.dataflow != "samples":
+            raise ValueError(f"build '{build.name}': SampleCore is engine v2's shell, for "
+                             f"dataflow 'samples' (this build's is '{build.dataflow}')")
+        self.build = build
+        super().__init__({
+            "bus": In(BusSignature()),
+            "link_rx": In(1),
+            "link_tx": In(1),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bld = self.build
+        stop = Signal()
+        m.submodules.regs = regs = RegisterBank(bld)
+        m.submodules.core = core = ResetInserter(stop)(SampleEngine(bld, tally=False))
+        m.submodules.window = win = SampleWindow(bld)
+        self._settings(m, regs, core)
+        self._bus(m, regs, win)
+        self._window_ports(m, regs, win, core)
+        self._counters(m, regs, win, core)
+        m.submodules.stopper = stopper = CommandStop(bld)
+        busy_was = Signal()
+        status = Signal(spec.LINK_STATUS_BITS)
+        m.d.sync += busy_was.eq(core.busy)
+        m.d.comb += [stopper.start.eq(core.start), stopper.busy.eq(core.busy),
+                     stopper.abort.eq(regs.abort), stopper.weight_write.eq(core.weight_write),
+                     stopper.layer.eq(core.layer), stopper.watchdog.eq(regs.settings.watchdog),
+                     stop.eq(stopper.stop), regs.stopped.eq(stopper.stopped),
+                     self.bus.cmd_done.eq(busy_was & ~core.busy),
+                     status.eq(Mux(core.fault & (stopper.cmd_status == spec.LINK_STATUS["ok"]),
+                                   spec.LINK_STATUS["fault"], stopper.cmd_status)),
+                     self.bus.cmd_status.eq(status), regs.cmd_status.eq(status),
+                     self.busy.eq(core.busy), regs.busy.eq(core.busy)]
+        return m
+
+    @staticmethod
+    def _settings(m, regs, core):
+        """The step's registers to the core; CONTROL's strobes start it."""
+        st = regs.settings
+        flags = {name: st.flags[i] for i, name in enumerate(spec.FLAG_BITS)}
+        m.d.comb += [core.start.eq(regs.start_train | regs.start_infer),
+                     core.batch.eq(st.batch), core.update_mask.eq(st.update_mask),
+                     core.lr_shift.eq(st.lr_shift), core.psg_tau.eq(st.psg_tau),
+                     core.psg_step_shift.eq(st.psg_step_shift), core.keep_q8.eq(st.keep_q8),
+                     core.lfsr_seed.eq(st.lfsr_seed), regs.correct.eq(core.correct)]
+        for name in ("psg", "psg_relative", "ssprop_random"):
+            m.d.comb += getattr(core, name).eq(flags[name])
+        # inference always skips zeros (GoldenModel.infer); a step as its settings say
+        inferring = Signal()
+        with m.If(regs.start_train | regs.start_infer):
+            m.d.sync += inferring.eq(regs.start_infer)
+        m.d.comb += core.zero_skip.eq(flags["zero_skip"] | inferring)
+
+    def _bus(self, m, regs, win):
+        """The bus slave: region 0 is the register bank's, the others the window's. The
+        answer is registered (decided in one cycle, on the bus in the next)."""
+        bus = self.bus
+        region = bus.addr[spec.REGION_BITS:]
+        active = Signal()
+        m.d.comb += active.eq((bus.w_stb | bus.r_stb) & ~bus.ack & ~bus.err)
+        ack, err, defer = Signal(), Signal(), Signal()
+        data = Signal.like(bus.r_data)
+        m.d.sync += [bus.ack.eq(ack), bus.err.eq(err), bus.r_data.eq(data), bus.defer.eq(defer)]
+        m.d.comb += [regs.owing.eq(bus.owing),
+                     regs.sel.eq(active & (region == 0)),
+                     regs.addr.eq(bus.addr[:spec.REGION_BITS]), regs.write.eq(bus.w_stb),
+                     regs.w_data.eq(bus.w_data),
+                     win.sel.eq(active & (region != 0)), win.addr.eq(bus.addr),
+                     win.write.eq(bus.w_stb), win.w_data.eq(bus.w_data)]
+        with m.If(active):
+            with m.If(region == 0):
+                m.d.comb += [ack.eq(regs.ack), err.eq(regs.err), data.eq(regs.data),
+                             defer.eq(regs.defer)]
+            with m.Else():
+                m.d.comb += [ack.eq(win.ack), err.eq(win.err), data.eq(win.data)]
+
+    def _window_ports(self, m, regs, win, core):
+        """The window on the core's idle ports; the input batch's extent."""
+        P = self.build.lanes
+        logp = P.bit_length() - 1
+        st = regs.settings
+        m.d.comb += [win.busy.eq(core.busy), win.classes.eq(regs.classes),
+                     core.w_wr_addr.eq(win.w_wr_addr), core.w_wr_data.eq(win.w_wr_data),
+                     core.w_wr_en.eq(win.w_wr_en), core.w_rd_addr.eq(win.w_rd_addr),
+                     win.w_rd_data.eq(core.w_rd_data),
+                     core.prog_wr_addr.eq(win.prog_wr_addr),
+                     core.prog_wr_data.eq(win.prog_wr_data), core.prog_wr_en.eq(win.prog_wr_en),
+                     core.prog_rd_addr.eq(win.prog_rd_addr), win.prog_rd_data.eq(core.prog_rd_data),
+                     core.act_wr_addr.eq(win.act_wr_addr), core.act_wr_data.eq(win.act_wr_data),
+                     core.act_wr_en.eq(win.act_wr_en),
+                     core.label_wr_addr.eq(win.label_wr_addr),
+                     core.label_wr_data.eq(win.label_wr_data),
+                     core.label_wr_en.eq(win.label_wr_en),
+                     core.pred_rd_addr.eq(win.label_rd_addr),
+                     win.pred_rd_data.eq(core.pred_rd_data),
+                     core.label_rd_addr.eq(win.label_rd_addr),
+                     win.label_rd_data.eq(core.label_rd_data),
+                     regs.label_word.eq(win.label_word), regs.label_written.eq(win.label_written)]
+        # blocks * inputs of layer 0, after a write of batch or layer 0's inputs
+        tail = st.batch[:logp]
+        blocks = Signal(range(self.build.max_batch // P + 2))
+        m.d.comb += blocks.eq((st.batch >> logp) + (tail != 0))
+        m.submodules.extent = mul = SerialMultiplier(len(blocks), len(regs.inputs0))
+        start = Signal()
+        m.d.sync += start.eq(regs.limit_changed)
+        m.d.comb += [mul.start.eq(start), mul.a.eq(blocks), mul.b.eq(regs.inputs0),
+                     win.block_words.eq(mul.product),
+                     win.full_words.eq(mul.product - Mux(tail != 0, regs.inputs0, 0)),
+                     win.tail.eq(tail), win.limit_ready.eq(~start & mul.done)]
+
+    def _counters(self, m, regs, win, core):
+        """The event counters: the core's events, the link's bytes, the window's input bytes
+        and the busy cycles by phase kind."""
+        bounds = event_bounds(self.build)
+        bounds["act_writes"] += 1                       # the window's, while idle
+        bounds.update({name: 1 for name in spec.COUNTERS if name not in bounds})
+        m.submodules.counters = counters = CounterFile({n: bounds[n] for n in spec.COUNTERS})
+        inc = counters.inc
+        for name in event_bounds(self.build):
+            m.d.comb += getattr(inc, name).eq(getattr(core.inc, name))
+        m.d.comb += [inc.act_writes.eq(core.inc.act_writes + win.act_wr_en),
+                     inc.link_rx_bytes.eq(self.link_rx), inc.link_tx_bytes.eq(self.link_tx),
+                     inc.cycles.eq(core.busy)]
+        for cycles in set(CYCLE_KINDS.values()):
+            kinds = [dataflow.KINDS[k] for k, c in CYCLE_KINDS.items() if c == cycles]
+            m.d.comb += getattr(inc, cycles).eq(core.busy & sum(
+                (core.kind == code) for code in kinds).bool())
+        m.d.comb += [counters.clear.eq(regs.clear_counters),
+                     counters.read_req.eq(regs.counter_req),
+                     counters.read_index.eq(regs.counter_index),
+                     regs.counter_valid.eq(counters.read_valid),
+                     regs.counter_data.eq(counters.read_data)]

@@ -1,0 +1,139 @@
+"""Engine v2 behind the bus (ember_hw.sample_core.SampleCore) in the Amaranth simulator: the
+host's bus operations (descriptors, weights, program, settings, batch, CONTROL) as on the
+model backend, against the golden model: weights, correct counts, predictions and every
+exact counter, bit for bit and count for count; a program that leaves a memory ends the
+command with the answer `fault`."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from conftest import random_batch
+from engine_harness import BusDriver, BusError, golden_for, random_step_settings, run_testbench
+from ember import dataflow, golden, program, regmap, spec
+from ember.spec import Build, StepSettings
+from ember_hw.sample_core import SampleCore
+
+SMALL = Build(name="v2-small", dataflow="samples", lanes=4, weight_words=256, act_bytes=512,
+              grad_words=64, scratch_entries=128, max_batch=8, max_layers=3, max_width=32,
+              features=("zero_skip", "slu", "psg", "ssprop", "ssprop_random"))
+
+
+def shifts_of(layers):
+    return [spec.HIDDEN_SHIFT] * (len(layers) - 2) + [spec.OUTPUT_SHIFT]
+
+
+class Session:
+    """The host's bus operations for engine v2 (what ember.device.EngineDevice sends)."""
+
+    def __init__(self, ctx, dut, build, layers):
+        self.d, self.build, self.layers = BusDriver(ctx, dut.bus), build, layers
+
+    async def writes(self, pairs):
+        for addr, v in pairs:
+            await self.d.write(addr, v)
+
+    async def program(self, phases):
+        for base, words in regmap.program_writes(dataflow.encode(phases, self.build)):
+            await self.d.write_words(base, words)
+
+    async def configure(self, weights, batch):
+        await self.writes(regmap.descriptor_writes(self.layers, self.build, batch))
+        await self.writes(sorted(regmap.pack_weights(weights, self.layers, self.build).items()))
+
+    async def train(self, x, y, st):
+        await self.program(dataflow.train_program(
+            self.layers, self.build, len(x), shifts_of(self.layers),
+            psg_relative=st.psg and st.psg_relative))
+        await self.writes(regmap.settings_writes(st, len(self.layers) - 1))
+        for base, words in regmap.batch_writes(x, y, self.build):
+            await self.d.write_words(base, words)
+        await self.d.write(regmap.reg("control"), spec.CONTROL_TRAIN)
+        return await self.d.read(regmap.reg("correct"))
+
+    async def infer(self, x):
+        await self.program(dataflow.infer_program(self.layers, self.build, len(x),
+                                                  shifts_of(self.layers)))
+        for base, words in regmap.batch_writes(x, None, self.build):
+            await self.d.write_words(base, words)
+        await self.d.write(regmap.reg("control"), spec.CONTROL_INFER)
+        words = await self.d.read_words(regmap.region("predictions"), (len(x) + 1) // 2)
+        return regmap.unpack_halves(words, len(x))
+
+    async def weights(self):
+        size = sum(k * n for k, n in zip(self.layers[:-1], self.layers[1:]))
+        words = await self.d.read_words(regmap.region("weights"), size + 1)
+        return regmap.unpack_weights(lambda a, c: words[:c], self.layers, self.build)
+
+    async def counters(self):
+        words = await self.d.read_words(regmap.region("counters"), 2 * len(spec.COUNTERS))
+        return regmap.counters_from_words(words)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_train_and_infer_through_the_bus_match_the_golden_model(seed):
+    rng = np.random.default_rng(seed)
+    layers = [int(rng.integers(3, 12)), int(rng.integers(2, 10)), int(rng.integers(2, 6))]
+    batch = int(rng.integers(1, SMALL.max_batch + 1))
+    weights = golden.init_weights(layers, seed)
+    g = golden_for(SMALL, layers, weights)
+    steps = [(*random_batch(rng, layers, batch, zero_fraction=0.4),
+              random_step_settings(rng, len(layers) - 1)) for _ in range(2)]
+    dut = SampleCore(SMALL)
+    out = {}
+
+    async def body(ctx):
+        s = Session(ctx, dut, SMALL, layers)
+        await s.configure(weights, batch)
+        out["correct"] = [await s.train(x, y, st) for x, y, st in steps]
+        out["pred"] = await s.infer(steps[0][0])
+        out["weights"] = await s.weights()
+        out["counters"] = await s.counters()
+
+    run_testbench(dut, body)
+    correct = [g.train_batch(x, y, st) for x, y, st in steps]
+    pred = g.infer(steps[0][0])
+    for l, (a, b) in enumerate(zip(out["weights"], g.weights)):
+        assert np.array_equal(a, b), f"layer {l} weights differ:\n{a}\n{b}"
+    assert out["correct"] == correct
+    assert list(out["pred"]) == list(pred)
+    diff = {n: (out["counters"][n], g.counters[n]) for n in spec.EXACT_COUNTERS
+            if not n.startswith("link") and out["counters"][n] != g.counters[n]}
+    assert not diff, diff
+    c = out["counters"]
+    assert c["cycles"] == sum(c[n] for n in spec.CYCLE_COUNTERS if n != "cycles") > 0
+
+
+def test_a_program_that_leaves_a_memory_ends_the_command_with_fault():
+    layers = [6, 5, 3]
+    weights = golden.init_weights(layers, 1)
+    rng = np.random.default_rng(1)
+    x, y = random_batch(rng, layers, 4)
+    phases = dataflow.infer_program(layers, SMALL, 4, shifts_of(layers))
+    # the first layer's outputs written past the end of the activation memory
+    bad = phases[0]
+    bases = dict(bad.nest.bases, o=SMALL.act_bytes // SMALL.lanes - 2)
+    phases[0] = dataclasses.replace(bad, nest=program.Nest(bad.bounds, bases, bad.nest.strides))
+    dut = SampleCore(SMALL)
+    out = {}
+
+    async def body(ctx):
+        s = Session(ctx, dut, SMALL, layers)
+        await s.configure(weights, 4)
+        await s.program(phases)
+        for base, words in regmap.batch_writes(x, None, SMALL):
+            await s.d.write_words(base, words)
+        try:
+            await s.d.write(regmap.reg("control"), spec.CONTROL_INFER)
+            out["status"] = "ok"
+        except BusError as e:
+            out["status"] = e.status
+        out["counters"] = await s.counters()
+        out["weights"] = await s.weights()
+
+    run_testbench(dut, body)
+    assert out["status"] == "fault"
+    assert out["counters"]["infer_samples"] == 0
+    for a, b in zip(out["weights"], weights):
+        assert np.array_equal(a, b)
