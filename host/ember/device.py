@@ -460,10 +460,6 @@ def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=No
 
     if simulator not in ("verilator", "icarus"):
         raise ConfigError(f"simulator '{simulator}' is not 'verilator' or 'icarus'")
-    if build.dataflow == "samples":
-        raise ConfigError(f"build '{build.name}' is engine v2, which has no simulated board "
-                          "yet (its core is not behind a bus: docs/architecture.md 2b); "
-                          "use the model backend")
     tmp = tempfile.mkdtemp(prefix="ember-sim-")
     port_file = os.path.join(tmp, "port")
     log_path = log or os.path.join(tmp, "board.log")

@@ -374,8 +374,8 @@ BUILDS = {
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=30_000_000, baud=3_000_000),
     # engine v2 (docs/architecture.md 2b): the sim build's sizes with the sample-lane
-    # dataflow, on the model backend so far (the v2 core has no bus yet, so no simulated
-    # board); no command check, abort or watchdog unit yet
+    # dataflow (ember_hw.sample_core), on the model backend and the simulated board; no
+    # command check, abort or watchdog unit yet
     "v2": Build(name="v2", dataflow="samples",
                 features=("zero_skip", "slu", "psg", "ssprop", "ssprop_random")),
 }
