@@ -94,13 +94,6 @@ def test_a_program_the_host_did_not_compile_is_refused_and_changes_nothing():
         assert (a == b).all()
 
 
-def test_the_simulated_board_says_v2_has_none_yet():
-    from ember.device import open_sim
-    with pytest.raises(ConfigError, match="build 'v2' is engine v2, which has no simulated "
-                                          "board yet"):
-        open_sim(V2)
-
-
 def test_a_v2_run_killed_mid_epoch_resumes_to_the_same_result(tmp_path, monkeypatch, capsys):
     """Checkpoints and resume on v2 (the program is written again by the fresh device, as it
     is at every epoch's first batch after the evaluation's infer program)."""
