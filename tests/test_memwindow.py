@@ -142,6 +142,20 @@ def random_accesses(build, rng, classes, count):
     return accesses
 
 
+async def replay(ctx, win, model, accesses, cycles_of, mismatches, late):
+    """Each access on the window and on the model: an answer that differs goes to
+    `mismatches`, one that comes in another cycle than `cycles_of` says to `late`."""
+    drv = WindowDriver(ctx, win)
+    for addr, data in accesses:
+        got, cycles = await drv.access(addr, data)
+        want = model_access(model, addr, data)
+        if got != want:
+            mismatches.append((hex(addr), data, got, want))
+        elif cycles != cycles_of(win.build, addr, data, want[0]):
+            late.append((hex(addr), data, cycles))
+    return drv
+
+
 def expected_cycles(build, addr, data, status):
     """Cycles from the access's first cycle to its answer (MemoryWindow's timing)."""
     if status != "ok":
@@ -172,14 +186,7 @@ def test_window_answers_and_writes_like_the_model(build):
         ctx.set(win.act_limit, batch * inputs)
         ctx.set(win.limit_ready, 1)
         ctx.set(win.classes, classes)
-        drv = WindowDriver(ctx, win)
-        for addr, data in accesses:
-            got, cycles = await drv.access(addr, data)
-            want = model_access(model, addr, data)
-            if got != want:
-                mismatches.append((hex(addr), data, got, want))
-            elif cycles != expected_cycles(build, addr, data, want[0]):
-                late.append((hex(addr), data, cycles))
+        drv = await replay(ctx, win, model, accesses, expected_cycles, mismatches, late)
         # every weight, activation and label afterwards, read out of the memories
         weights = [[(ctx.get(h.wmem.data[w]) >> (W * p)) & 0xFFFF for p in range(build.lanes)]
                    for w in range(build.weight_words)]
@@ -368,14 +375,7 @@ def test_v2_window_answers_and_writes_like_the_model(build, batch):
         ctx.set(win.tail, batch % P)
         ctx.set(win.limit_ready, 1)
         ctx.set(win.classes, classes)
-        drv = WindowDriver(ctx, win)
-        for addr, data in accesses:
-            got, cycles = await drv.access(addr, data)
-            want = model_access(model, addr, data)
-            if got != want:
-                mismatches.append((hex(addr), data, got, want))
-            elif cycles != sample_cycles(build, addr, data, want[0]):
-                late.append((hex(addr), data, cycles))
+        drv = await replay(ctx, win, model, accesses, sample_cycles, mismatches, late)
         depth = build.act_bytes // P * P
         assert [ctx.get(h.wmem.data[i]) for i in range(build.weight_words * P)] == \
             (model.weights & 0xFFFF).tolist()

@@ -58,3 +58,9 @@ def answer_error(slave, status):
     (a spec.LINK_STATUS name) on its `err` and `data`."""
     return [slave.err.eq(1), slave.data.eq(spec.LINK_STATUS[status])]
 
+
+def engine_members():
+    """The ports of an engine behind the bus (EngineCore, v1; SampleCore, v2), which
+    EngineTop connects: the bus, one pulse per link byte received and sent (counted), and
+    busy (a command is running)."""
+    return {"bus": In(BusSignature()), "link_rx": In(1), "link_tx": In(1), "busy": Out(1)}

@@ -41,7 +41,7 @@ from amaranth.lib.wiring import In, Out
 from ember import spec
 
 from .arith import RoundingShifter, clamp_signed, popcount, tree_sum
-from .bus import BusSignature
+from .bus import BusSignature, engine_members
 from .counters import CounterFile
 from .lanemem import LaneMemory
 from .lanes import MacLanes
@@ -85,12 +85,7 @@ class EngineCore(wiring.Component):
         self.build = build
         self.wmem = WeightMemory(build.lanes, build.weight_words, spram=build.weight_spram)
         self.read_collision = Signal()
-        super().__init__({
-            "bus": In(BusSignature()),
-            "link_rx": In(1),
-            "link_tx": In(1),
-            "busy": Out(1),
-        })
+        super().__init__(engine_members())
 
     def elaborate(self, platform):
         m = Module()

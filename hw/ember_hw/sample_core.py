@@ -26,14 +26,13 @@ ends the command with the answer ``fault`` (spec.LINK_STATUS).
 ``EngineTop`` takes either.
 """
 
-from amaranth import Const, Module, Mux, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.hdl import ResetInserter
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 
 from ember import dataflow, spec
 
-from .bus import BusSignature
+from .bus import engine_members
 from .counters import CounterFile
 from .memwindow import SampleWindow
 from .regbank import RegisterBank
@@ -66,12 +65,7 @@ class SampleCore(wiring.Component):
             raise ValueError(f"build '{build.name}': SampleCore is engine v2's shell, for "
                              f"dataflow 'samples' (this build's is '{build.dataflow}')")
         self.build = build
-        super().__init__({
-            "bus": In(BusSignature()),
-            "link_rx": In(1),
-            "link_tx": In(1),
-            "busy": Out(1),
-        })
+        super().__init__(engine_members())
 
     def elaborate(self, platform):
         m = Module()
