@@ -11,6 +11,7 @@ import pytest
 
 from conftest import random_batch
 from engine_harness import BusDriver, BusError, golden_for, random_step_settings, run_testbench
+from test_liveness import Bench
 from ember import dataflow, golden, program, regmap, spec
 from ember.spec import Build, StepSettings
 from ember_hw.sample_core import SampleCore
@@ -42,13 +43,17 @@ class Session:
         await self.writes(regmap.descriptor_writes(self.layers, self.build, batch))
         await self.writes(sorted(regmap.pack_weights(weights, self.layers, self.build).items()))
 
-    async def train(self, x, y, st):
+    async def load(self, x, y, st):
+        """A train command's program, settings and batch."""
         await self.program(dataflow.train_program(
             self.layers, self.build, len(x), shifts_of(self.layers),
             psg_relative=st.psg and st.psg_relative))
         await self.writes(regmap.settings_writes(st, len(self.layers) - 1))
         for base, words in regmap.batch_writes(x, y, self.build):
             await self.d.write_words(base, words)
+
+    async def train(self, x, y, st):
+        await self.load(x, y, st)
         await self.d.write(regmap.reg("control"), spec.CONTROL_TRAIN)
         return await self.d.read(regmap.reg("correct"))
 
@@ -137,3 +142,111 @@ def test_a_program_that_leaves_a_memory_ends_the_command_with_fault():
     assert out["counters"]["infer_samples"] == 0
     for a, b in zip(out["weights"], weights):
         assert np.array_equal(a, b)
+
+
+# --- Stopping a command: the watchdog and the abort on engine v2 (issue 15's, for v2) -------
+DEFENDED = dataclasses.replace(SMALL, name="v2-small-defended", features=spec.FEATURES)
+MAX_WATCHDOG = DEFENDED.settings()["watchdog"].hi
+LAYERS, BATCH = [9, 6, 3], 3
+# every unit on: zero skip, ssProp top-k (a kept count below the width), PSG relative
+EVERY_UNIT = StepSettings(lr_shift=4, zero_skip=True, keep_q8=160, psg=True,
+                          psg_relative=True, psg_tau=3)
+
+
+class Stoppable(Bench):
+    """test_liveness's start and end of a command left running, on engine v2's bus."""
+
+    def __init__(self, ctx, dut):
+        self.ctx, self.dut, self.drv = ctx, dut, BusDriver(ctx, dut.bus)
+
+
+def run_stopped_then_clean(stop, seed=3):
+    """Train one step stopped by `stop` (("watchdog", n) or ("abort", cycle)), read what it
+    left, then reload the first weights and train a clean step; the golden model's weights
+    after the stopped step's full update."""
+    rng = np.random.default_rng(seed)
+    w0 = golden.init_weights(LAYERS, seed)
+    first = random_batch(rng, LAYERS, BATCH, zero_fraction=0.3)
+    second = random_batch(rng, LAYERS, BATCH, zero_fraction=0.3)
+    dut = SampleCore(DEFENDED)
+    out = {}
+
+    async def body(ctx):
+        s, b = Session(ctx, dut, DEFENDED, LAYERS), Stoppable(ctx, dut)
+        await s.configure(w0, BATCH)
+        await s.load(*first, EVERY_UNIT)
+        kind, when = stop
+        await s.d.write(regmap.reg("watchdog"), when if kind == "watchdog" else MAX_WATCHDOG)
+        await s.d.write(regmap.reg("control"), spec.CONTROL_CLEAR_COUNTERS)
+        await b.start()
+
+        async def abort(cycle):
+            if cycle == when:
+                await s.d.write(regmap.reg("control"), spec.CONTROL_ABORT)
+            else:
+                await ctx.tick()
+        out["status"] = await b.end(abort if kind == "abort" else None)
+        out["stopped"] = spec.stop_fields(await s.d.read(regmap.reg("stopped")))
+        out["cycles"] = (await s.counters())["cycles"]
+        out["left"] = await s.weights()
+        await s.d.write(regmap.reg("watchdog"), MAX_WATCHDOG)
+        await s.writes(sorted(regmap.pack_weights(w0, LAYERS, DEFENDED).items()))
+        await s.d.write(regmap.reg("control"), spec.CONTROL_CLEAR_COUNTERS)
+        out["correct"] = await s.train(*second, EVERY_UNIT)
+        out["weights"] = await s.weights()
+        out["counters"] = await s.counters()
+
+    run_testbench(dut, body)
+    clean = golden_for(DEFENDED, LAYERS, w0)
+    assert out["correct"] == clean.train_batch(*second, EVERY_UNIT)
+    for l, (a, want) in enumerate(zip(out["weights"], clean.weights)):
+        assert np.array_equal(a, want), f"layer {l} differs after the clean step"
+    for name in spec.EXACT_COUNTERS:
+        if not name.startswith("link"):
+            assert out["counters"][name] == clean.counters[name], name
+    stepped = golden_for(DEFENDED, LAYERS, w0)
+    stepped.train_batch(*first, EVERY_UNIT)
+    return out, w0, stepped.weights
+
+
+def test_v2_watchdog_stops_at_its_bound_and_says_what_it_left():
+    """The command's cycles are within spec.command_cycle_bound (for its settings, and for
+    every setting); with the watchdog at them it runs to its end, and with any n below it
+    stops in its cycle n + 1 with STOPPED naming what it left: the layers above STOPPED's
+    layer updated, those below untouched. The next command is bit-exact either way."""
+    full, w0, stepped = run_stopped_then_clean(("watchdog", MAX_WATCHDOG))
+    cycles = full["cycles"]
+    assert full["status"] == "ok" and full["stopped"]["stopped"] == 0
+    own = spec.command_cycle_bound(DEFENDED, LAYERS, BATCH, True, EVERY_UNIT)
+    assert cycles <= own <= spec.command_cycle_bound(DEFENDED, LAYERS, BATCH), (cycles, own)
+    for l, w in enumerate(full["left"]):
+        assert np.array_equal(w, stepped[l]), l
+    exact, _, _ = run_stopped_then_clean(("watchdog", cycles))
+    assert exact["status"] == "ok" and exact["cycles"] == cycles
+    rng = np.random.default_rng(5)
+    changed = 0
+    for n in sorted({1, cycles - 1, *rng.integers(1, cycles, size=2).tolist()}):
+        got, _, _ = run_stopped_then_clean(("watchdog", n))
+        assert got["status"] == "watchdog" and got["cycles"] == n + 1, (n, got)
+        st = got["stopped"]
+        assert st["stopped"] == 1 and st["watchdog"] == 1
+        for l, w in enumerate(got["left"]):
+            if not st["weights_changed"] or l < st["layer"]:
+                assert np.array_equal(w, w0[l]), (n, l, "should be untouched")
+            elif l > st["layer"]:
+                assert np.array_equal(w, stepped[l]), (n, l, "should have the update")
+            else:
+                assert np.all((w == w0[l]) | (w == stepped[l])), (n, l)
+        changed += st["weights_changed"]
+    assert 0 < changed, "a stop should fall after the first update"
+
+
+@pytest.mark.parametrize("when", [0, 50])
+def test_v2_abort_before_the_first_weight_write_leaves_the_weights(when):
+    """An abort early in a training step stops it with `aborted`, the weights as they were;
+    the next step is bit-exact."""
+    got, w0, _ = run_stopped_then_clean(("abort", when))
+    assert got["status"] == "aborted"
+    assert got["stopped"] == {"stopped": 1, "watchdog": 0, "weights_changed": 0, "layer": 0}
+    for l, w in enumerate(got["left"]):
+        assert np.array_equal(w, w0[l]), l

@@ -320,7 +320,7 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
     overrides["script_after_read"] = "\n".join(read_collision_script())
     floorplan = getattr(mod, "floorplan_script", None)
     if floorplan is not None:
-        overrides["script_after_synth"] = "\n".join(floorplan(bld.lanes))
+        overrides["script_after_synth"] = "\n".join(floorplan(bld))
         report["floorplan"] = {"lane_multipliers": mod.lane_multiplier_sites(bld.lanes)}
 
     start = time.monotonic()

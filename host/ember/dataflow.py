@@ -193,6 +193,10 @@ def infer_program(layers, build, batch, shifts):
     """The phases of an infer command: a forward phase per layer (the last one writing
     logits), then the argmax of each sample's logits into the predictions."""
     check_fits(layers, build, batch, train=False)
+    return _infer_phases(layers, build, batch, shifts)
+
+
+def _infer_phases(layers, build, batch, shifts):
     n = layers[-1]
     return _forward_phases(layers, build, batch, shifts) + _per_sample(
         "argmax", build, batch, [("n", n)],
@@ -209,6 +213,10 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
     decided at run time from the SLU mask (BACKWARD_KINDS); the channel level's bound is
     the kept count."""
     check_fits(layers, build, batch)
+    return _train_phases(layers, build, batch, shifts, psg_relative)
+
+
+def _train_phases(layers, build, batch, shifts, psg_relative):
     P, S = build.lanes, sample_blocks(build, batch)
     tail = batch - (S - 1) * P
     wbase, abase, halves = layout(layers, build, batch)
@@ -253,6 +261,135 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
 
 #: The level whose bound is the kept count, per backward kind (the channel c).
 KEPT_LEVEL = {"input_grad": INNER, "weight_grad": LEVELS - 5, "psg_max": LEVELS - 5}
+
+
+def book_multiplier_bits(build):
+    """The width of the multiplier operand b of the select phase's bookkeeping (the core's
+    serial multiplier takes this many steps a product): the keep ratio, the batch or a width."""
+    return max(build.max_width, build.max_batch, spec.KEEP_ONE).bit_length()
+
+
+#: Cycles of every phase besides its steps and the drain of its pipeline: loading its
+#: PHASE_WORDS words (PHASE_WORDS + 1), the nest's start (2: step 0 is presented two cycles
+#: after it), the nest's done cycle and the runner's NEXT.
+PHASE_OVERHEAD = PHASE_WORDS + 1 + 2 + 1 + 1
+#: A phase the SLU mask leaves out, and the end phase: its header words, then NEXT (FINISH).
+HEADER_ONLY_CYCLES = HEADER_WORDS + 2
+#: Cycles from a forward step to the snapshot of its sums (ember_hw.sample_engine).
+SNAP_LATENCY = 5
+#: Cycles from a phase's last step to the end of its drain, per kind, for P lanes: the
+#: pipeline's stages, and the forward writeback's P + 4 busy cycles after the snapshot, the
+#: dX drain's lane a cycle, the update's three stages after the weight gradient's five.
+_DRAIN = {"forward": lambda P: SNAP_LATENCY + P + 5, "logits": lambda P: SNAP_LATENCY + P + 5,
+          "argmax": lambda P: 3, "loss": lambda P: 3, "select": lambda P: 4,
+          "input_grad": lambda P: SNAP_LATENCY + P + 2, "requant": lambda P: 5,
+          "weight_grad": lambda P: 9, "psg_max": lambda P: 6}
+
+
+def _selector_cycles(build, batch, n, settings):
+    """ssProp's selector (ember_hw.select.ChannelSelector) on n channels, at its longest: one
+    pass of n + 1 cycles per searched bit of the largest score, then the fill pass; k >= n:
+    n + 2 cycles. Top-k scores sum |dY| < 2**15 over the batch, random ones are LFSR states."""
+    if "ssprop" not in build.features:
+        return 0
+    if settings is not None and settings.keep_q8 >= spec.KEEP_ONE:
+        return n + 2
+    scores = []
+    if settings is None or not settings.ssprop_random:
+        scores.append(batch << (spec.GRAD_BITS - 1))
+    if "ssprop_random" in build.features and (settings is None or settings.ssprop_random):
+        scores.append((1 << 16) - 1)
+    passes = min(32, 1 + max(scores).bit_length())
+    return (passes + 1) * (n + 1) + 1
+
+
+def _book_cycles(build):
+    """The select phase's bookkeeping before its words are loaded again: 3 states and four
+    serial products of book_multiplier_bits(build) steps, each started and taken (+ 2)."""
+    return 3 + 4 * (book_multiplier_bits(build) + 2)
+
+
+def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
+    """An upper bound on the busy cycles the v2 core (ember_hw.sample_engine) spends on the
+    phase `ph` of a command at batch `batch`: PHASE_OVERHEAD, its steps and what holds them,
+    and its drain (_DRAIN). settings None: for every step setting and any data (the kept
+    count at the layer's outputs, two PSG passes, the selector at its longest); a
+    StepSettings: for that step (its kept count and passes). `runs` false: a backward phase
+    the SLU mask leaves out, which costs its header (and the select phase its bookkeeping).
+    Zero skipping saves reads, not cycles.
+
+    Per kind, P lanes, n_i the nest's effective bounds, steps their product, and G the steps
+    over the innermost bound n_inner (the groups that end in a snapshot or a drain):
+      forward, logits: a group's last step waits for the writeback unit, busy P + 4 cycles
+                       after each snapshot: n_inner + (G - 1) * max(n_inner, P + 5);
+      input_grad:      the same with the dX drain's P cycles: max(n_inner, P + 1);
+      loss:            a step per sample, each the softmax-gradient unit's 3N + 23 cycles
+                       (ember_hw.loss) and 4 of the runner's;
+      select:          its steps, the selector (_selector_cycles), the kept list (N + 2),
+                       and before them its header and bookkeeping (_book_cycles);
+      weight_grad:     its steps; under PSG the second pass of each (channel, input group)
+                       waits up to 6 cycles for the first pass's decisions;
+      argmax, requant, psg_max: their steps.
+    """
+    P = build.lanes
+    kind = ph.kind
+    passes, kept = 2, ph.outputs
+    if settings is not None:
+        passes = 2 if settings.psg else 1
+        if "ssprop" in build.features:
+            kept = keep_count(ph.outputs, settings.keep_q8)
+        if not runs:
+            return HEADER_ONLY_CYCLES + (_book_cycles(build) if kind == "select" else 0)
+    bounds = list(ph.bounds)
+    if kind in KEPT_LEVEL:
+        bounds[KEPT_LEVEL[kind]] = kept
+    if kind in ("weight_grad", "psg_max"):
+        bounds[PASS_LEVEL] = passes if kind == "weight_grad" else 1
+    steps = int(np.prod(bounds))
+    inner = bounds[INNER]
+    groups = steps // inner if inner else 0
+    if kind in ("forward", "logits"):
+        run = inner + (groups - 1) * max(inner, P + SNAP_LATENCY)
+    elif kind == "input_grad":
+        run = inner + (groups - 1) * max(inner, P + 1)
+    elif kind == "loss":
+        run = steps * (3 * ph.outputs + 23 + 4)
+    elif kind == "weight_grad":
+        run = steps + (6 * bounds[0] * bounds[1] if passes == 2 else 0)
+    else:
+        run = steps
+    if kind == "select":
+        run += (HEADER_ONLY_CYCLES + _book_cycles(build)
+                + _selector_cycles(build, batch, ph.outputs, settings) + ph.outputs + 2)
+    return PHASE_OVERHEAD + run + _DRAIN[kind](P)
+
+
+def program_cycle_bound(phases, build, batch, settings=None):
+    """An upper bound on the busy cycles of a command that runs the program `phases` at
+    batch `batch` on the v2 core: the sum of phase_cycle_bound, the end phase's header and
+    the runner's last state. settings None: for every step setting and any data; a
+    StepSettings: for that step's (its SLU mask decides which backward phases run). What
+    the watchdog's limit is set to (spec.command_cycle_bound on a samples build)."""
+    n_layers = 1 + max((ph.layer for ph in phases), default=0)
+    total = HEADER_ONLY_CYCLES + 1
+    for ph in phases:
+        runs = True
+        if settings is not None and ph.kind in BACKWARD_KINDS:
+            runs = _Run.runs_for(settings.mask(n_layers), ph)
+        total += phase_cycle_bound(ph, build, batch, settings, runs)
+    return total
+
+
+def command_cycle_bound(build, layers, batch, train=True, settings=None):
+    """spec.command_cycle_bound on a samples build: the program_cycle_bound of the program
+    the host compiles for the network and batch (a train program with psg_max phases unless
+    `settings` leave relative PSG off), whether or not it fits the build's memories."""
+    shifts = [0] * (len(layers) - 1)
+    if not train:
+        return program_cycle_bound(_infer_phases(layers, build, batch, shifts), build, batch)
+    relative = settings is None or (settings.psg and settings.psg_relative)
+    return program_cycle_bound(_train_phases(layers, build, batch, shifts, relative), build,
+                               batch, settings)
 
 
 def encode(phases, build):
@@ -374,10 +511,16 @@ class _Run:
 
     def runs(self, ph):
         """Whether a backward phase runs for its layer (the SLU mask)."""
+        return self.runs_for(self.mask, ph)
+
+    @staticmethod
+    def runs_for(mask, ph):
+        """Whether the backward phase `ph` runs under the SLU mask `mask` (one bool per layer):
+        "w" kinds when its layer is updated, "x" kinds when a layer below is."""
         l = ph.layer
         need = BACKWARD_KINDS[ph.kind]
-        wgrad = self.mask[l]
-        igrad = l > 0 and any(self.mask[:l])
+        wgrad = mask[l]
+        igrad = l > 0 and any(mask[:l])
         return ("w" in need and wgrad) or ("x" in need and igrad)
 
     def layer_skips(self, ph):

@@ -373,11 +373,10 @@ BUILDS = {
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=30_000_000, baud=3_000_000),
-    # engine v2 (docs/architecture.md 2b): the sim build's sizes with the sample-lane
-    # dataflow (ember_hw.sample_core), on the model backend and the simulated board; no
-    # command check, abort or watchdog unit yet
-    "v2": Build(name="v2", dataflow="samples",
-                features=("zero_skip", "slu", "psg", "ssprop", "ssprop_random")),
+    # engine v2 (docs/architecture.md 2b): the sim build's sizes and units with the
+    # sample-lane dataflow (ember_hw.sample_core), on the model backend and the simulated
+    # board; its watchdog's limit is ember.dataflow.command_cycle_bound's
+    "v2": Build(name="v2", dataflow="samples"),
 }
 DEFAULT_BUILD = BUILDS["sim"]
 #: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's
@@ -852,7 +851,13 @@ def command_cycle_bound(build, layers, batch, train=True, settings=None):
     `build`: the sum of command_cycle_bounds, whose docstring gives the formula per phase.
     settings None: valid for every step setting and any data; a StepSettings: for that
     step's settings. Raises ConfigError for a shape or batch the build's registers cannot
-    hold (memory limits are not checked: check_network does)."""
+    hold (memory limits are not checked: check_network does). On a samples build (engine
+    v2) the bound is ember.dataflow.command_cycle_bound's, from the program the host
+    compiles."""
+    if build.dataflow == "samples":
+        from . import dataflow
+        return dataflow.command_cycle_bound(build, _check_shape(layers, build, batch), batch,
+                                            train, settings)
     return sum(command_cycle_bounds(build, layers, batch, train, settings).values())
 
 

@@ -111,8 +111,8 @@ def event_bounds(build):
     return bounds
 
 
-#: Cycles from a nest step to the snapshot of its sums.
-SNAP_LATENCY = 5
+#: Cycles from a nest step to the snapshot of its sums (the watchdog's bound counts them).
+SNAP_LATENCY = dataflow.SNAP_LATENCY
 LEVELS = dataflow.LEVELS
 INNER = dataflow.INNER
 BLOCK = dataflow.BLOCK_LEVEL
@@ -837,7 +837,7 @@ class SampleEngine(wiring.Component):
         # the layer's bulk skips (SLU, ssProp), counted at its select phase, and the ssProp
         # keep count: products of two signals, on a serial multiplier (ember_hw.serial_mul)
         bk_max = bld.max_batch * bld.max_width
-        b_bits = max(bld.max_width, bld.max_batch, spec.KEEP_ONE).bit_length()
+        b_bits = dataflow.book_multiplier_bits(bld)
         m.submodules.book_mul = mul = SerialMultiplier(max(bk_max.bit_length(), 16), b_bits)
         bk = Signal(range(bk_max + 1))
         full = Signal(range(bk_max * bld.max_width + 1))
