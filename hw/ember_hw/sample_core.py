@@ -181,7 +181,9 @@ class SampleCore(wiring.Component):
         m.d.comb += [inc.act_writes.eq(core.inc.act_writes + win.act_wr_en),
                      inc.link_rx_bytes.eq(self.link_rx), inc.link_tx_bytes.eq(self.link_tx),
                      inc.cycles.eq(core.busy)]
-        for cycles in set(CYCLE_KINDS.values()):
+        # (in CYCLE_KINDS' order, not a set's: the Verilog must not change between
+        # processes, or every run rebuilds the simulated board)
+        for cycles in dict.fromkeys(CYCLE_KINDS.values()):
             kinds = [dataflow.KINDS[k] for k, c in CYCLE_KINDS.items() if c == cycles]
             m.d.comb += getattr(inc, cycles).eq(core.busy & sum(
                 (core.kind == code) for code in kinds).bool())
