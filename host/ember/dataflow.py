@@ -656,17 +656,21 @@ def _live(ph, last, P):
     return np.arange(P) < (ph.tail if last else P)
 
 
-def execute(phases, mem, counts=None, zero_skip=True, settings=None):
+def execute(phases, mem, counts=None, zero_skip=True, settings=None, batch=None):
     """Run `phases` on `mem` as the v2 engine does; add the events to `counts` (a dict of
     spec.COUNTERS) and return (counts, correct: the samples the loss phase classified
     right). `settings` (spec.StepSettings) are the step's registers; inference uses
-    zero_skip alone."""
+    zero_skip alone. `batch` is the core's batch register (the layers' bulk skips and the
+    samples count it); None takes the samples the loss phases walk, as the host compiles
+    them."""
     c = counts if counts is not None else dict.fromkeys(spec.COUNTERS, 0)
     if settings is None:
         settings = StepSettings(zero_skip=zero_skip)
-    n_layers = max(ph.layer for ph in phases) + 1
+    n_layers = max((ph.layer for ph in phases), default=0) + 1
     run = _Run(mem, settings, n_layers, c)
-    run.batch = sum(ph.bounds[-2] * ph.bounds[-1] for ph in phases if ph.kind == "loss") or None
+    if batch is None:
+        batch = sum(ph.bounds[-2] * ph.bounds[-1] for ph in phases if ph.kind == "loss")
+    run.batch = batch or None
     for ph in phases:
         if ph.kind in BACKWARD_KINDS:
             if ph.kind == "select":
