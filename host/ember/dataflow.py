@@ -23,6 +23,7 @@ with the same actions, on the same memories, and counts the same events.
 """
 
 from dataclasses import dataclass, replace
+from math import prod
 
 import numpy as np
 
@@ -426,37 +427,281 @@ def decode(words):
     generator's strides recovered from its deltas, innermost level first (stride_i = delta_i +
     sum over j > i of (n_j - 1) * stride_j). Raises spec.ConfigError for an unknown kind or
     words that end inside a phase."""
-    kinds = {code: name for name, code in KINDS.items()}
     phases, at = [], 0
     while True:
         if at + HEADER_WORDS > len(words):
             raise spec.ConfigError(f"the program ends at word {len(words)} without an end phase")
-        head = words[at:at + HEADER_WORDS]
-        fields = {name: (head[w] >> off) & ((1 << width) - 1)
-                  for name, (w, off, width) in HEADER_FIELDS.items()}
-        kind = kinds.get(fields.pop("kind"))
+        fields = _header(words, at)
+        code = fields.pop("kind")
+        kind = KIND_NAMES.get(code)
         if kind is None:
-            raise spec.ConfigError(f"word {at}: phase kind {head[0] & 0xF} is not one of "
+            raise spec.ConfigError(f"word {at}: phase kind {code} is not one of "
                                    f"{sorted(KINDS.values())}")
         if kind == "end":
             return phases
         if at + PHASE_WORDS > len(words):
             raise spec.ConfigError(f"the program ends at word {len(words)} inside the phase "
                                    f"at word {at}")
-        body = words[at + HEADER_WORDS:at + PHASE_WORDS]
-        mask = (1 << BOUND_BITS) - 1
-        bounds = tuple((body[i // 2] >> (BOUND_BITS * (i % 2))) & mask for i in range(LEVELS))
-        bases, strides = {}, {}
-        for g_i, g in enumerate(GENERATORS):
-            at_g = BOUND_WORDS + g_i * (1 + LEVELS)
-            bases[g] = body[at_g]
-            deltas = [_signed(d) for d in body[at_g + 1:at_g + 1 + LEVELS]]
-            st = [0] * LEVELS
-            for i in range(LEVELS - 1, -1, -1):
-                st[i] = deltas[i] + sum((bounds[j] - 1) * st[j] for j in range(i + 1, LEVELS))
-            strides[g] = tuple(st)
-        phases.append(Phase(kind, Nest(bounds, bases, strides), **fields))
+        phases.append(_phase(words, at, kind, fields))
         at += PHASE_WORDS
+
+
+#: Phase kinds by their code in the program memory.
+KIND_NAMES = {code: name for name, code in KINDS.items()}
+
+
+def _header(words, at):
+    """The header fields of the phase at word `at` (the kind as its code)."""
+    head = words[at:at + HEADER_WORDS]
+    return {name: (head[w] >> off) & ((1 << width) - 1)
+            for name, (w, off, width) in HEADER_FIELDS.items()}
+
+
+def _phase(words, at, kind, fields):
+    """The Phase at word `at`, its header's `fields` read (_header, the kind popped)."""
+    body = words[at + HEADER_WORDS:at + PHASE_WORDS]
+    mask = (1 << BOUND_BITS) - 1
+    bounds = tuple((body[i // 2] >> (BOUND_BITS * (i % 2))) & mask for i in range(LEVELS))
+    bases, strides = {}, {}
+    for g_i, g in enumerate(GENERATORS):
+        at_g = BOUND_WORDS + g_i * (1 + LEVELS)
+        bases[g] = body[at_g]
+        deltas = [_signed(d) for d in body[at_g + 1:at_g + 1 + LEVELS]]
+        st = [0] * LEVELS
+        for i in range(LEVELS - 1, -1, -1):
+            st[i] = deltas[i] + sum((bounds[j] - 1) * st[j] for j in range(i + 1, LEVELS))
+        strides[g] = tuple(st)
+    return Phase(kind, Nest(bounds, bases, strides), **fields)
+
+
+# ---------------------------------------------------------------- the static program check
+#: What each generator's address is compared with in a phase of each kind (GENERATORS): the
+#: memory it addresses, or the range of what it counts. The core compares every generator at
+#: every step, the ones a kind does not use too (their bases and deltas are 0).
+ADDRESSED = {
+    "forward": {"w": "weights", "a": "activation words", "g": "gradient words",
+                "o": "activation words"},
+    "logits": {"w": "weights", "a": "activation words", "g": "gradient words",
+               "o": "gradient words"},
+    "argmax": {"w": "classes", "a": "gradient words", "g": "gradient words", "o": "samples"},
+    "loss": {"w": "weights", "a": "gradient words", "g": "gradient words", "o": "samples"},
+    "select": {"w": "weights", "a": "activation words", "g": "gradient words",
+               "o": "activation words"},
+    "input_grad": {"w": "weights", "a": "activation words", "g": "gradient words",
+                   "o": "dX scratch entries"},
+    "requant": {"w": "weights", "a": "dX scratch entries", "g": "gradient words",
+                "o": "gradient words"},
+    "weight_grad": {"w": "weights", "a": "activation words", "g": "gradient words",
+                    "o": "group inputs"},
+    "psg_max": {"w": "weights", "a": "activation words", "g": "gradient words",
+                "o": "group inputs"},
+}
+
+
+def memory_sizes(build):
+    """The entries of each memory (and range) of ADDRESSED on `build`."""
+    P = build.lanes
+    return {"weights": build.weight_words * P, "activation words": build.act_bytes // P,
+            "gradient words": build.grad_words, "dX scratch entries": build.scratch_entries,
+            "classes": build.max_width, "samples": build.max_batch,
+            "group inputs": spec.GRAD_HOLD}
+
+
+def limits(kind, build):
+    """dict generator -> its limit in a phase of `kind` on `build`: the core stops a step
+    whose address is not below it. The one table of these limits (ember_hw.sample_engine
+    gives them to its loop nest; `verify` checks a program against them)."""
+    sizes = memory_sizes(build)
+    return {g: sizes[memory] for g, memory in ADDRESSED[kind].items()}
+
+
+def run_time_bounds(ph, select):
+    """dict level -> the largest bound the core gives that level of `ph` at run time (its
+    written bound is not used): the kept channel level's is the kept count, at most the
+    outputs of the select phase that made the kept list (`select`), and the pass level's
+    PSG's passes (2 in a weight gradient under PSG, else 1)."""
+    out = {}
+    if ph.kind in KEPT_LEVEL:
+        out[KEPT_LEVEL[ph.kind]] = select.outputs
+    if ph.kind in ("weight_grad", "psg_max"):
+        out[PASS_LEVEL] = 2 if ph.kind == "weight_grad" else 1
+    return out
+
+
+def effective_nest(ph, select):
+    """`ph`'s nest with its run-time levels at their largest bounds (run_time_bounds)."""
+    bounds = list(ph.bounds)
+    for level, bound in run_time_bounds(ph, select).items():
+        bounds[level] = bound
+    return Nest(tuple(bounds), ph.nest.bases, ph.nest.strides)
+
+
+def _header_fault(ph, build, select):
+    P = build.lanes
+    if not 1 <= ph.tail <= P:
+        return f"tail {ph.tail} is outside 1..{P} (the lanes)"
+    if ph.shift > spec.FORWARD_SHIFT_MAX:
+        return f"shift {ph.shift} is above {spec.FORWARD_SHIFT_MAX}, the largest forward shift"
+    if ph.layer >= build.max_layers:
+        return f"layer {ph.layer} is outside 0..{build.max_layers - 1} (the build's layers)"
+    for name in ("inputs", "outputs"):
+        if getattr(ph, name) > build.max_width:
+            return (f"{name} {getattr(ph, name)} is above {build.max_width}, the build's "
+                    "widest layer")
+    if ph.kind in ("loss", "select") and ph.outputs < 1:
+        return f"outputs 0: a {ph.kind} phase needs at least one (classes or channels)"
+    return None
+
+
+def _kept_list_fault(ph, build, select):
+    # the kept list is the last select phase's; a kept phase of another layer could run when
+    # that select phase did not (the SLU mask) and use a stale list
+    if ph.kind not in KEPT_LEVEL:
+        return None
+    if select is None:
+        return "no select phase before it makes its kept list"
+    mine = (ph.layer, ph.inputs, ph.outputs)
+    theirs = (select.layer, select.inputs, select.outputs)
+    if mine != theirs:
+        return (f"its layer, inputs and outputs {mine} are not those of the select phase "
+                f"that made its kept list {theirs}")
+    return None
+
+
+def _bound_fault(ph, build, select):
+    run_time = run_time_bounds(ph, select)
+    for level, bound in enumerate(ph.bounds):
+        if level not in run_time and bound < 1:
+            return f"level {level}'s bound is {bound}; a bound counts iterations, 1 or more"
+    return None
+
+
+def _run_time_stride_fault(ph, build, select):
+    # the core walks a phase by its deltas with the run-time bounds, the executor by the
+    # strides of the written ones: the same addresses, whatever the run-time bounds, when a
+    # run-time level inside the outermost steps no generator
+    for level in run_time_bounds(ph, select):
+        for g in GENERATORS:
+            stride = ph.nest.strides[g][level]
+            if level > 0 and stride != 0:
+                return (f"generator {g} steps {stride} at level {level}, whose bound the core "
+                        "sets at run time; it must step 0 there")
+    return None
+
+
+def _channel_fault(ph, build, select):
+    # the select phase scores one channel per walk of its sample blocks (the innermost level)
+    if ph.kind != "select":
+        return None
+    channels = prod(ph.bounds[:INNER])
+    if channels > ph.outputs:
+        return f"it scores {channels} channels; the layer has {ph.outputs} outputs"
+    return None
+
+
+def _range_fault(ph, build, select):
+    nest, sizes = effective_nest(ph, select), memory_sizes(build)
+    for g in GENERATORS:
+        lo, hi = nest.span(g)
+        memory = ADDRESSED[ph.kind][g]
+        if lo < 0:
+            return f"generator {g} reaches {lo}; addresses start at 0"
+        if hi >= sizes[memory]:
+            return (f"generator {g} reaches {hi}; the build has {sizes[memory]} {memory} "
+                    f"(0..{sizes[memory] - 1})")
+    return None
+
+
+def derived_reach(ph, build, select):
+    """The addresses the core forms from a phase's generators besides theirs, each as (what,
+    how it is formed, its largest value, the memory): the kept channel j and j * K added to g
+    and w, the dX drain's entry o + lane, the loss unit's word a + n for n < N."""
+    nest = effective_nest(ph, select)
+    top = {g: nest.span(g)[1] for g in GENERATORS}
+    if ph.kind in KEPT_LEVEL:
+        j, K = select.outputs - 1, select.inputs
+        out = [("the kept channels' weights", f"{top['w']} + {j} * {K}", top["w"] + j * K,
+                "weights"),
+               ("the kept channels' dY words", f"{top['g']} + {j}", top["g"] + j,
+                "gradient words")]
+        if ph.kind == "input_grad":
+            lanes = build.lanes - 1
+            out.append(("the dX drain's entries", f"{top['o']} + {lanes}", top["o"] + lanes,
+                        "dX scratch entries"))
+        return out
+    if ph.kind == "loss":
+        n = ph.outputs - 1
+        return [("the loss unit's writes", f"{top['a']} + {n}", top["a"] + n, "gradient words")]
+    return []
+
+
+def _derived_fault(ph, build, select):
+    sizes = memory_sizes(build)
+    for what, formed, reach, memory in derived_reach(ph, build, select):
+        if reach >= sizes[memory]:
+            return f"{what} reach {formed} = {reach}; the build has {sizes[memory]} {memory}"
+    return None
+
+
+#: verify's checks of one phase, in order: each gives a reason to refuse it, or None.
+_PHASE_CHECKS = (_header_fault, _kept_list_fault, _bound_fault, _run_time_stride_fault,
+                 _channel_fault, _range_fault, _derived_fault)
+
+
+def verify(words, build):
+    """Check the program memory's `words` (as `encode` writes them) before a run: None if the
+    core (ember_hw.sample_engine) can run it on `build` without a fault for any step settings
+    and any data, else (phase index, reason), the reason naming the field, its value and its
+    limit. The golden twin of the check the shell's program checker is to make before a
+    command starts (docs/architecture.md, section 2b).
+
+    The core's run-time checks, made here for every value the run may give the levels it
+    bounds at run time (run_time_bounds): a kind it knows, bounds of 1 or more, each
+    generator's whole range over the nest inside its limit (`limits`), the addresses formed
+    from them (derived_reach), and an "end" phase inside PROGRAM_WORDS. Where the core's
+    check is finer than a static bound, this one refuses more: the header's fields in their
+    registers' ranges, a kept phase with its select phase's layer and shape, a run-time level
+    that steps no generator (unless outermost), a select phase over at most its N channels,
+    the dX drain over all P lanes and the kept channels up to N - 1 at every step."""
+    at, index, select = 0, 0, None
+    end = min(len(words), PROGRAM_WORDS)
+    while True:
+        if at + HEADER_WORDS > end:
+            return index, (f"phase {index}: no end phase at word {at}; the program has "
+                           f"{len(words)} words, the engine holds {PROGRAM_WORDS}")
+        reason = _word_fault(words, at, HEADER_WORDS)
+        if reason:
+            return index, f"phase {index}: {reason}"
+        fields = _header(words, at)
+        code = fields.pop("kind")
+        kind = KIND_NAMES.get(code)
+        if kind is None:
+            return index, (f"phase {index}: kind {code} is not one of "
+                           f"{sorted(KINDS.values())}")
+        if kind == "end":
+            return None
+        if at + PHASE_WORDS > end:
+            return index, (f"phase {index} ({kind}): its words {at}..{at + PHASE_WORDS - 1} "
+                           f"pass the program's end ({end} words)")
+        reason = _word_fault(words, at, PHASE_WORDS)
+        if reason:
+            return index, f"phase {index} ({kind}): {reason}"
+        ph = _phase(words, at, kind, fields)
+        for check in _PHASE_CHECKS:
+            reason = check(ph, build, select)
+            if reason:
+                return index, f"phase {index} ({kind}): {reason}"
+        if kind == "select":
+            select = ph
+        at += PHASE_WORDS
+        index += 1
+
+
+def _word_fault(words, at, count):
+    for i in range(at, at + count):
+        if not (isinstance(words[i], (int, np.integer)) and 0 <= words[i] <= WORD_MASK):
+            return f"word {i} is {words[i]!r}, not a {spec.BUS_DATA_BITS}-bit word"
+    return None
 
 
 class Memories:
@@ -554,17 +799,21 @@ def _live(ph, last, P):
     return np.arange(P) < (ph.tail if last else P)
 
 
-def execute(phases, mem, counts=None, zero_skip=True, settings=None):
+def execute(phases, mem, counts=None, zero_skip=True, settings=None, batch=None):
     """Run `phases` on `mem` as the v2 engine does; add the events to `counts` (a dict of
     spec.COUNTERS) and return (counts, correct: the samples the loss phase classified
     right). `settings` (spec.StepSettings) are the step's registers; inference uses
-    zero_skip alone."""
+    zero_skip alone. `batch` is the core's batch register (the layers' bulk skips and the
+    samples count it); None takes the samples the loss phases walk, as the host compiles
+    them."""
     c = counts if counts is not None else dict.fromkeys(spec.COUNTERS, 0)
     if settings is None:
         settings = StepSettings(zero_skip=zero_skip)
-    n_layers = max(ph.layer for ph in phases) + 1
+    n_layers = max((ph.layer for ph in phases), default=0) + 1
     run = _Run(mem, settings, n_layers, c)
-    run.batch = sum(ph.bounds[-2] * ph.bounds[-1] for ph in phases if ph.kind == "loss") or None
+    if batch is None:
+        batch = sum(ph.bounds[-2] * ph.bounds[-1] for ph in phases if ph.kind == "loss")
+    run.batch = batch or None
     for ph in phases:
         if ph.kind in BACKWARD_KINDS:
             if ph.kind == "select":
