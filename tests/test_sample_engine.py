@@ -196,3 +196,34 @@ def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
         update_mask=settings.update_mask, zero_skip=settings.zero_skip, lr_shift=4))
     if dense == own:
         assert own <= DENSE_BOUND_OVER * out["cycles"], (out["cycles"], own)
+
+
+def test_a_layer_as_wide_as_the_build_ends_its_kept_list():
+    """A select phase over max_width channels on a build whose max_width is 2**b - 1 ends:
+    its kept-list walk counts to N + 1 (a counter of range(max_width + 1) wrapped before it
+    got there, and the run never ended). The step matches the golden model."""
+    build = spec.Build(name="w15", dataflow="samples", lanes=2, weight_words=256,
+                       act_bytes=256, grad_words=64, scratch_entries=64, max_batch=4,
+                       max_layers=2, max_width=15)
+    layers, batch = [6, 15, 3], 3
+    rng = np.random.default_rng(15)
+    weights = golden.init_weights(layers, 15)
+    x = rng.integers(0, 256, (batch, layers[0]))
+    y = rng.integers(0, layers[-1], batch)
+    settings = spec.StepSettings(zero_skip=True, keep_q8=128)
+    shifts = [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT]
+    phases = dataflow.train_program(layers, build, batch, shifts)
+    g = golden_for(build, layers, weights)
+    correct = g.train_batch(x, y, settings)
+    dut = SampleEngine(build)
+    out = {}
+
+    async def bench(ctx):
+        out.update(await run_command(ctx, dut, build, dataflow.encode(phases, build), layers,
+                                     weights, batch, x, y, settings, max_cycles=50_000))
+
+    run_testbench(dut, bench)
+    assert not out["fault"] and out["correct"] == correct
+    assert out["cycles"] <= dataflow.program_cycle_bound(phases, build, batch, settings)
+    for got, want in zip(out["weights"], g.weights):
+        assert (got == want).all()

@@ -518,7 +518,7 @@ class SampleEngine(wiring.Component):
             if hasattr(s, "lfsr"):
                 m.d.comb += s.lfsr.step.eq(v2 & last2 & s.random)
         # after the walk: the selector, then the kept list
-        lj = Signal(range(bld.max_width + 1))
+        lj = Signal(range(bld.max_width + 2))        # to N + 1, past the last channel
         lj_valid = Signal()
         jk = Signal(self.w_bits + 1)
         kept_bit = Signal()
