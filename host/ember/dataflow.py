@@ -156,6 +156,19 @@ def check_fits(layers, build, batch, train=True):
                                    f"{need} {memory} {unit}; the build has {have}")
 
 
+def program_words_needed(layers, build, batch=None):
+    """The program memory words of the largest program the host compiles for `layers` at
+    `batch` (a train program with relative PSG's phases; batch None: the largest over the
+    batches, one whose last sample block is partial when there is such a batch)."""
+    P = build.lanes
+    batches = [batch] if batch is not None else [b for b in {build.max_batch, P + 1}
+                                                  if 1 <= b <= build.max_batch]
+    shifts = [0] * (len(layers) - 1)
+    phases = max(len(_train_phases(layers, build, b, shifts, psg_relative=True))
+                 for b in batches)
+    return phases * PHASE_WORDS + HEADER_WORDS
+
+
 def _per_sample(kind, build, batch, loops, gens, **fields):
     """Phases whose innermost levels walk the samples one by one (loss, argmax, requant):
     one phase over the full sample blocks and one over the batch's remainder. `loops`

@@ -439,6 +439,13 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
         if need > build.scratch_entries:
             raise ConfigError(f"network {layers} with batch {batch} needs {need} dX scratch "
                               f"entries; build '{build.name}' holds {build.scratch_entries}")
+    if build.dataflow == "samples":
+        from . import dataflow
+        need = dataflow.program_words_needed(layers, build, batch)
+        if need > dataflow.PROGRAM_WORDS:
+            raise ConfigError(f"network {layers}{'' if batch is None else f' with batch {batch}'}"
+                              f" needs a program of {need} words; build '{build.name}' "
+                              f"holds {dataflow.PROGRAM_WORDS}")
     return layers
 
 
