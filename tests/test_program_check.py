@@ -139,12 +139,23 @@ def ordering_programs():
     yield "lost R", bad
 
 
+def width_programs():
+    """Damage at the edges of the unit's narrow registers (TIGHT's limits fit 9 bits)."""
+    P = tight_program()
+    fwd, sel1 = first(P, "forward"), first(P, "select", layer=1)
+    # one product past the limit and past 2**9 (19 * 30 = 570) from a stride inside it
+    yield "one reach past the limit", dataflow.encode(
+        changed(changed(P, fwd, bound=(0, 20)), fwd, stride_w=(0, 30)), TIGHT)
+    # a channel count past the outputs' register (64 > 4, 64 = 0b1000000)
+    yield "channels past the width", dataflow.encode(changed(P, sel1, bound=(0, 64)), TIGHT)
+
+
 def test_each_check_refuses_as_verify_does():
     """Deliberate damage (test_verify's refusals, each check of VERIFY_CHECKS but the
-    host-only 32-bit word) and the range and run-time-stride orderings: the same phase and
-    check as verify_verdict."""
+    host-only 32-bit word), the range and run-time-stride orderings and the edges of the
+    unit's widths: the same phase and check as verify_verdict."""
     cases = [(what, words) for what, words, _, _ in refusals() if what != "word"]
-    cases += list(ordering_programs())
+    cases += list(ordering_programs()) + list(width_programs())
     want, _ = assert_same_verdicts(TIGHT, cases)
     named = {verdict[1] for verdict in want if verdict is not None}
     assert named == set(dataflow.VERIFY_CHECKS), named
@@ -155,6 +166,8 @@ def test_each_check_refuses_as_verify_does():
     assert order["large inner stride, pass delta off 1"][1] == "run_time_stride"
     assert order["huge inner stride, pass delta off 0"][1] == "run_time_stride"
     assert order["lost R"][1] == "run_time_stride"
+    assert order["one reach past the limit"][1] == "range"
+    assert order["channels past the width"][1] == "channel"
 
 
 @pytest.mark.parametrize("lanes", [2, 4])

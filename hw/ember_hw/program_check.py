@@ -19,23 +19,25 @@ product per kept phase. The checks of a phase raise flags; at its end the first 
 verify's order is the verdict, so a range fault of one generator and a run-time stride of a
 later one are reported as verify reports them.
 
-Widths (why every register is narrow): while no range fault is found, |stride| < limit at a
-level that counts, so p < 2**16 * limit and the reach registers hold limit_bits + 17 bits.
-R is held exactly while |R| < 2**EXACT_BITS (33: a delta is 32 bits); past that it is *lost*,
-and then, by induction over the outer levels (R' = n R + (n - 1) delta with n >= 1 and
-|delta| <= 2**31), |R| stays >= 2**33, so every stride outside is nonzero and above every
-limit (< 2**32): a run-time level's stride is not 0 and a counting level is out of range,
-which is what verify finds with exact integers.
+Widths (why every register is narrow): while no range fault is found, the reach above and
+below the base stays in 0 .. limit - 1, and a product p >= limit is a range fault by itself
+(from any base in 0 .. limit - 1 it leaves the range), so the reach registers hold
+limit_bits + 1 bits and a sign. R is held exactly while -2**EXACT_BITS <= R < 2**EXACT_BITS (33: a
+delta is 32 bits, and this is the bits above EXACT_BITS all equal to the sign); past that
+it is *lost*, and then, by induction over the outer levels (R' = n R + (n - 1) delta with
+n >= 1 and |delta| <= 2**31), |R| stays >= 2**33, so every stride outside is nonzero and
+above every limit (< 2**32): a run-time level's stride is not 0 and a counting level is out
+of range, which is what verify finds with exact integers.
 
 Timing: ``cycles = 2 + sum over the phases checked of (86 + 17 * products)`` from the start
 cycle to the done cycle, products being the phase's multiplications: a select phase's outer
 bounds other than 1 (until the count passes N), each generator's levels with an effective
-bound of 2 or more and a nonzero stride (while its R is exact and, past a range fault, still
-needed), and a kept phase's (N - 1) * K (unless a range fault came first). 86 = 3 header
-cycles + 2 per level's bound + 4 generators x (2 for the base + 3 per level + 1) + 1 verdict;
-17 = the multiplier's start and its 16 steps. A phase refused by its header, kept list or
-bounds ends after its bounds; the end phase takes 2. Any program: at most 2 + 511 cycles per
-phase (86 + 17 x 25 products).
+bound of 2 or more and a nonzero stride (while its R is exact, a range fault or not: a later
+run-time level's stride needs R), and a kept phase's (N - 1) * K (unless a range fault came
+first). 86 = 3 header cycles + 2 per level's bound + 4 generators x (2 for the base + 3 per
+level + 1) + 1 verdict; 17 = the multiplier's start and its 16 steps. A phase refused by its
+header, kept list or bounds ends after its bounds; the end phase takes 2. Any program: at
+most 2 + 511 cycles per phase (86 + 17 x 25 products).
 """
 
 from amaranth import Module, Mux, Signal, signed
@@ -48,8 +50,8 @@ from ember.program import BOUND_BITS, Nest
 
 from .serial_mul import SerialMultiplier
 
-#: R (the sum of the inner levels' products of a generator) is held exactly while below
-#: 2**EXACT_BITS in magnitude (module docstring: a lost R is at least this large).
+#: R (the sum of the inner levels' products of a generator) is held exactly while in
+#: -2**EXACT_BITS .. 2**EXACT_BITS - 1 (module docstring: a lost R is at least this large).
 EXACT_BITS = spec.BUS_DATA_BITS + 1
 #: The flags of a phase's checks, in verify's order (VERIFY_CHECKS after "end" and "kind").
 PHASE_CHECKS = dataflow.VERIFY_CHECKS[2:]
@@ -156,8 +158,8 @@ class ProgramCheck(wiring.Component):
         R = Signal(signed(EXACT_BITS + 1))
         lost = Signal()
         stride_negative = Signal()
-        hi = Signal(LB + 17)                # base + the positive reach
-        lo = Signal(signed(LB + 18))        # base + the negative reach
+        hi = Signal(LB + 1)                 # base + the positive reach
+        lo = Signal(signed(LB + 2))         # base + the negative reach
 
         addr = Signal.like(at)
         m.d.comb += [self.rd_addr.eq(addr), self.phase.eq(index)]
@@ -218,7 +220,7 @@ class ProgramCheck(wiring.Component):
                      stride_size.eq(Mux(stride < 0, -stride, stride))]
         summed = Signal(signed(EXACT_BITS + 3))         # R with the product added
         m.d.comb += summed.eq(Mux(stride_negative, R - mul.product, R + mul.product))
-        reach = mul.product[:LB + 16]                   # exact while no range fault
+        reach = mul.product[:LB]                        # when below the limit
         hi_next = Signal.like(hi)
         lo_next = Signal.like(lo)
         m.d.comb += [hi_next.eq(hi + reach), lo_next.eq(lo - reach)]
@@ -321,7 +323,8 @@ class ProgramCheck(wiring.Component):
             with m.State("CHANNEL_PRODUCT"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(mul.done):
-                    with m.If(mul.product > outputs):
+                    with m.If((mul.product[len(outputs):] != 0)
+                              | (mul.product[:len(outputs)] > outputs)):
                         m.d.sync += flag["channel"].eq(1)
                     with m.Else():
                         m.d.sync += channels.eq(mul.product)
@@ -366,11 +369,14 @@ class ProgramCheck(wiring.Component):
                 with m.If(mul.done):
                     with m.If((mul.product >> (EXACT_BITS + 1)) != 0):
                         m.d.sync += lost.eq(1)
-                    with m.Elif((summed >= 1 << EXACT_BITS) | (summed <= -(1 << EXACT_BITS))):
+                    with m.Elif((summed[EXACT_BITS:] != 0)
+                                & (summed[EXACT_BITS:] != (1 << len(summed) - EXACT_BITS) - 1)):
                         m.d.sync += lost.eq(1)
                     with m.Else():
                         m.d.sync += R.eq(summed)
-                    with m.If(~flag["range"]):
+                    with m.If(~flag["range"] & at_least(mul.product, limit)):
+                        m.d.sync += flag["range"].eq(1)
+                    with m.Elif(~flag["range"]):
                         with m.If(stride_negative):
                             m.d.sync += lo.eq(lo_next)
                             with m.If(lo_next < 0):
