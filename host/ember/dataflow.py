@@ -661,12 +661,20 @@ _PHASE_CHECKS = (_header_fault, _kept_list_fault, _bound_fault, _run_time_stride
                  _channel_fault, _range_fault, _derived_fault)
 
 
+#: The checks of `verify_verdict`, in the order it makes them: "end" (no end phase inside
+#: PROGRAM_WORDS, or a phase's words pass them), "kind" (a kind KINDS does not name), then
+#: one per _PHASE_CHECKS entry. The 32-bit-word check (_word_fault) is not one of them: it
+#: is the host's alone (the program memory holds 32-bit words).
+VERIFY_CHECKS = ("end", "kind") + tuple(check.__name__[1:-len("_fault")]
+                                        for check in _PHASE_CHECKS)
+
+
 def verify(words, build):
     """Check the program memory's `words` (as `encode` writes them) before a run: None if the
     core (ember_hw.sample_engine) can run it on `build` without a fault for any step settings
     and any data, else (phase index, reason), the reason naming the field, its value and its
-    limit. The golden twin of the check the shell's program checker is to make before a
-    command starts (docs/architecture.md, section 2b).
+    limit. The golden twin of the check the shell's program checker makes before a command
+    starts (docs/architecture.md, section 2b; verify_verdict also names the check).
 
     The core's run-time checks, made here for every value the run may give the levels it
     bounds at run time (run_time_bounds): a kind it knows, bounds of 1 or more, each
@@ -676,34 +684,48 @@ def verify(words, build):
     registers' ranges, a kept phase with its select phase's layer and shape, a run-time level
     that steps no generator (unless outermost), a select phase over at most its N channels,
     the dX drain over all P lanes and the kept channels up to N - 1 at every step."""
+    verdict = verify_verdict(words, build)
+    if verdict is None:
+        return None
+    index, _, reason = verdict
+    return index, reason
+
+
+def verify_verdict(words, build):
+    """`verify`'s verdict with the check that refused: None, or (phase index, the check's
+    name in VERIFY_CHECKS, reason). The golden twin of ember_hw.program_check.ProgramCheck,
+    which names the same phase and check (its `phase` and `check` ports). A word that is not
+    a 32-bit word is refused as check "word", which is not in VERIFY_CHECKS: the program
+    memory cannot hold one, so only the host sees it."""
     at, index, select = 0, 0, None
     end = min(len(words), PROGRAM_WORDS)
     while True:
         if at + HEADER_WORDS > end:
-            return index, (f"phase {index}: no end phase at word {at}; the program has "
-                           f"{len(words)} words, the engine holds {PROGRAM_WORDS}")
+            return index, "end", (f"phase {index}: no end phase at word {at}; the program has "
+                                  f"{len(words)} words, the engine holds {PROGRAM_WORDS}")
         reason = _word_fault(words, at, HEADER_WORDS)
         if reason:
-            return index, f"phase {index}: {reason}"
+            return index, "word", f"phase {index}: {reason}"
         fields = _header(words, at)
         code = fields.pop("kind")
         kind = KIND_NAMES.get(code)
         if kind is None:
-            return index, (f"phase {index}: kind {code} is not one of "
-                           f"{sorted(KINDS.values())}")
+            return index, "kind", (f"phase {index}: kind {code} is not one of "
+                                   f"{sorted(KINDS.values())}")
         if kind == "end":
             return None
         if at + PHASE_WORDS > end:
-            return index, (f"phase {index} ({kind}): its words {at}..{at + PHASE_WORDS - 1} "
-                           f"pass the program's end ({end} words)")
+            return index, "end", (f"phase {index} ({kind}): its words "
+                                  f"{at}..{at + PHASE_WORDS - 1} pass the program's end "
+                                  f"({end} words)")
         reason = _word_fault(words, at, PHASE_WORDS)
         if reason:
-            return index, f"phase {index} ({kind}): {reason}"
+            return index, "word", f"phase {index} ({kind}): {reason}"
         ph = _phase(words, at, kind, fields)
-        for check in _PHASE_CHECKS:
+        for name, check in zip(VERIFY_CHECKS[2:], _PHASE_CHECKS):
             reason = check(ph, build, select)
             if reason:
-                return index, f"phase {index} ({kind}): {reason}"
+                return index, name, f"phase {index} ({kind}): {reason}"
         if kind == "select":
             select = ph
         at += PHASE_WORDS
