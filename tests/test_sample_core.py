@@ -250,3 +250,55 @@ def test_v2_abort_before_the_first_weight_write_leaves_the_weights(when):
     assert got["stopped"] == {"stopped": 1, "watchdog": 0, "weights_changed": 0, "layer": 0}
     for l, w in enumerate(got["left"]):
         assert np.array_equal(w, w0[l]), l
+
+
+def test_a_program_the_checker_refuses_changes_nothing():
+    """With the command check, a program dataflow.verify refuses is refused before it runs
+    (bad_value, REJECTED "program"): weights, counters and predictions stay as they were.
+    The compiled program, written after it, passes the check and runs; a refused program
+    written over it is refused again (the verdict is redone after each program write)."""
+    layers, batch = [6, 5, 3], 4
+    weights = golden.init_weights(layers, 1)
+    rng = np.random.default_rng(1)
+    x, _ = random_batch(rng, layers, batch)
+    good = dataflow.infer_program(layers, DEFENDED, batch, shifts_of(layers))
+    bad = list(good)
+    ph = bad[0]                 # layer 0's outputs written past the activation memory
+    bad[0] = dataclasses.replace(ph, nest=program.Nest(
+        ph.bounds, dict(ph.nest.bases, o=DEFENDED.act_bytes // DEFENDED.lanes - 2),
+        ph.nest.strides))
+    assert dataflow.verify(dataflow.encode(bad, DEFENDED), DEFENDED) is not None
+    dut = SampleCore(DEFENDED)
+    out = {}
+
+    async def infer(s, phases):
+        await s.program(phases)
+        try:
+            await s.d.write(regmap.reg("control"), spec.CONTROL_INFER)
+            return "ok", await s.d.read(regmap.reg("rejected"))
+        except BusError as e:
+            return e.status, await s.d.read(regmap.reg("rejected"))
+
+    async def body(ctx):
+        s = Session(ctx, dut, DEFENDED, layers)
+        await s.configure(weights, batch)
+        for base, words in regmap.batch_writes(x, None, DEFENDED):
+            await s.d.write_words(base, words)
+        out["bad"] = await infer(s, bad)
+        out["after_bad"] = (await s.counters(), await s.weights())
+        out["good"] = await infer(s, good)
+        out["pred"] = regmap.unpack_halves(await s.d.read_words(
+            regmap.region("predictions"), (batch + 1) // 2), batch)
+        out["bad_again"] = await infer(s, bad)
+
+    run_testbench(dut, body)
+    program_check = 1 + list(spec.COMMAND_CHECKS).index("program")
+    assert out["bad"] == ("bad_value", program_check)
+    counters, left = out["after_bad"]
+    assert counters["cycles"] == 0 and counters["infer_samples"] == 0
+    for a, b in zip(left, weights):
+        assert np.array_equal(a, b)
+    assert out["good"] == ("ok", 0)
+    g = golden_for(DEFENDED, layers, weights)
+    assert list(out["pred"]) == list(g.infer(x))
+    assert out["bad_again"] == ("bad_value", program_check)

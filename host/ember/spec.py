@@ -644,8 +644,9 @@ COMMAND_CHECKS = {
     "grads": "the batch's output gradients need more words than the gradient memory holds",
     "scratch": "the batch's input gradients need more entries than the dX scratch holds",
     "labels": "a label of the batch has not been written since the class count last changed",
-    "program": "engine v2: the program memory does not hold the program the host compiles "
-               "for the network and batch in the registers",
+    "program": "engine v2: the program memory holds a program the engine will not run (the "
+               "engine: one dataflow.verify refuses; the model: any but the one the host "
+               "compiles for the network and batch in the registers)",
 }
 
 
