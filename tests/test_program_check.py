@@ -215,3 +215,49 @@ def test_the_cycles_of_a_train_program():
     assert cycles == want and cycles <= 2 + 511 * len(phases), \
         f"{cycles} cycles for {len(phases)} phases (the docstring's formula: {want})"
     print(f"{cycles} cycles for the {len(phases)} phases of {layers}")
+
+
+def adversarial_deltas(rng, count):
+    """`count` copies of TIGHT's train program with one phase's deltas replaced (any 32-bit
+    value, the extremes, small ones, or what makes a level's stride -1, 0 or 1 by cancelling
+    the inner levels' reach) and sometimes a bound (0, 1, 2, 16, 65535): R's exact width,
+    its loss and the order of the run-time-stride and range checks."""
+    words = dataflow.encode(tight_program(), TIGHT)
+    phases = (len(words) - dataflow.HEADER_WORDS) // dataflow.PHASE_WORDS
+    for _ in range(count):
+        bad = list(words)
+        at = int(rng.integers(phases)) * dataflow.PHASE_WORDS
+        for _ in range(int(rng.integers(1, 5))):
+            g = int(rng.integers(len(dataflow.GENERATORS)))
+            level = int(rng.integers(dataflow.LEVELS))
+            at_d = (at + dataflow.HEADER_WORDS + dataflow.BOUND_WORDS
+                    + g * (1 + dataflow.LEVELS) + 1 + level)
+            pick = int(rng.integers(4))
+            if pick == 0:
+                delta = int(rng.integers(-1 << 31, 1 << 31))
+            elif pick == 1:
+                delta = int(rng.choice([(1 << 31) - 1, -1 << 31, 1 << 30, -1 << 30]))
+            elif pick == 2:
+                delta = int(rng.integers(-100, 100))
+            else:
+                fields = dataflow._header(bad, at)
+                kind = dataflow.KIND_NAMES[fields.pop("kind")]
+                stride = dataflow._phase(bad, at, kind, fields).nest.strides[
+                    dataflow.GENERATORS[g]][level]
+                delta = dataflow._signed(bad[at_d]) - stride + int(rng.integers(-1, 2))
+            bad[at_d] = delta & dataflow.WORD_MASK
+        if rng.random() < 0.5:
+            level = int(rng.integers(dataflow.LEVELS))
+            at_b = at + dataflow.HEADER_WORDS + level // 2
+            shift = program.BOUND_BITS * (level % 2)
+            bound = int(rng.choice([0, 1, 2, 16, program.MAX_BOUND]))
+            bad[at_b] = (bad[at_b] & ~(program.MAX_BOUND << shift)) | (bound << shift)
+        yield bad
+
+
+def test_adversarial_deltas_get_verifys_verdict():
+    rng = np.random.default_rng(123)
+    cases = [(f"deltas {i}", bad) for i, bad in enumerate(adversarial_deltas(rng, 40))]
+    want, _ = assert_same_verdicts(TIGHT, cases)
+    named = {v[1] for v in want if v is not None}
+    assert {"run_time_stride", "range"} <= named and None in want, want
