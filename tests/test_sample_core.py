@@ -160,53 +160,60 @@ class Stoppable(Bench):
         self.ctx, self.dut, self.drv = ctx, dut, BusDriver(ctx, dut.bus)
 
 
-def run_stopped_then_clean(stop, seed=3):
-    """Train one step stopped by `stop` (("watchdog", n) or ("abort", cycle)), read what it
-    left, then reload the first weights and train a clean step; the golden model's weights
-    after the stopped step's full update."""
+def run_stops(stops, seed=3):
+    """For each of `stops` (("watchdog", n) or ("abort", cycle)), in one simulation: train a
+    step from the first weights stopped that way, read what it left, then reload the first
+    weights and train a clean step, which must match the golden model's. Returns each stop's
+    results, the first weights, and the golden model's weights after the full step."""
     rng = np.random.default_rng(seed)
     w0 = golden.init_weights(LAYERS, seed)
     first = random_batch(rng, LAYERS, BATCH, zero_fraction=0.3)
     second = random_batch(rng, LAYERS, BATCH, zero_fraction=0.3)
     dut = SampleCore(DEFENDED)
-    out = {}
+    outs = []
 
     async def body(ctx):
         s, b = Session(ctx, dut, DEFENDED, LAYERS), Stoppable(ctx, dut)
         await s.configure(w0, BATCH)
-        await s.load(*first, EVERY_UNIT)
-        kind, when = stop
-        await s.d.write(regmap.reg("watchdog"), when if kind == "watchdog" else MAX_WATCHDOG)
-        await s.d.write(regmap.reg("control"), spec.CONTROL_CLEAR_COUNTERS)
-        await b.start()
+        for kind, when in stops:
+            out = {}
+            await s.writes(sorted(regmap.pack_weights(w0, LAYERS, DEFENDED).items()))
+            await s.load(*first, EVERY_UNIT)
+            await s.d.write(regmap.reg("watchdog"),
+                            when if kind == "watchdog" else MAX_WATCHDOG)
+            await s.d.write(regmap.reg("control"), spec.CONTROL_CLEAR_COUNTERS)
+            await b.start()
 
-        async def abort(cycle):
-            if cycle == when:
-                await s.d.write(regmap.reg("control"), spec.CONTROL_ABORT)
-            else:
-                await ctx.tick()
-        out["status"] = await b.end(abort if kind == "abort" else None)
-        out["stopped"] = spec.stop_fields(await s.d.read(regmap.reg("stopped")))
-        out["cycles"] = (await s.counters())["cycles"]
-        out["left"] = await s.weights()
-        await s.d.write(regmap.reg("watchdog"), MAX_WATCHDOG)
-        await s.writes(sorted(regmap.pack_weights(w0, LAYERS, DEFENDED).items()))
-        await s.d.write(regmap.reg("control"), spec.CONTROL_CLEAR_COUNTERS)
-        out["correct"] = await s.train(*second, EVERY_UNIT)
-        out["weights"] = await s.weights()
-        out["counters"] = await s.counters()
+            async def abort(cycle):
+                if cycle == when:
+                    await s.d.write(regmap.reg("control"), spec.CONTROL_ABORT)
+                else:
+                    await ctx.tick()
+            out["status"] = await b.end(abort if kind == "abort" else None)
+            out["stopped"] = spec.stop_fields(await s.d.read(regmap.reg("stopped")))
+            out["cycles"] = (await s.counters())["cycles"]
+            out["left"] = await s.weights()
+            await s.d.write(regmap.reg("watchdog"), MAX_WATCHDOG)
+            await s.writes(sorted(regmap.pack_weights(w0, LAYERS, DEFENDED).items()))
+            await s.d.write(regmap.reg("control"), spec.CONTROL_CLEAR_COUNTERS)
+            out["correct"] = await s.train(*second, EVERY_UNIT)
+            out["weights"] = await s.weights()
+            out["counters"] = await s.counters()
+            outs.append(out)
 
     run_testbench(dut, body)
     clean = golden_for(DEFENDED, LAYERS, w0)
-    assert out["correct"] == clean.train_batch(*second, EVERY_UNIT)
-    for l, (a, want) in enumerate(zip(out["weights"], clean.weights)):
-        assert np.array_equal(a, want), f"layer {l} differs after the clean step"
-    for name in spec.EXACT_COUNTERS:
-        if not name.startswith("link"):
-            assert out["counters"][name] == clean.counters[name], name
+    correct = clean.train_batch(*second, EVERY_UNIT)
+    for stop, out in zip(stops, outs):
+        assert out["correct"] == correct, stop
+        for l, (a, want) in enumerate(zip(out["weights"], clean.weights)):
+            assert np.array_equal(a, want), f"{stop}: layer {l} differs after the clean step"
+        for name in spec.EXACT_COUNTERS:
+            if not name.startswith("link"):
+                assert out["counters"][name] == clean.counters[name], (stop, name)
     stepped = golden_for(DEFENDED, LAYERS, w0)
     stepped.train_batch(*first, EVERY_UNIT)
-    return out, w0, stepped.weights
+    return outs, w0, stepped.weights
 
 
 def test_v2_watchdog_stops_at_its_bound_and_says_what_it_left():
@@ -214,19 +221,19 @@ def test_v2_watchdog_stops_at_its_bound_and_says_what_it_left():
     every setting); with the watchdog at them it runs to its end, and with any n below it
     stops in its cycle n + 1 with STOPPED naming what it left: the layers above STOPPED's
     layer updated, those below untouched. The next command is bit-exact either way."""
-    full, w0, stepped = run_stopped_then_clean(("watchdog", MAX_WATCHDOG))
+    (full,), w0, stepped = run_stops([("watchdog", MAX_WATCHDOG)])
     cycles = full["cycles"]
     assert full["status"] == "ok" and full["stopped"]["stopped"] == 0
     own = spec.command_cycle_bound(DEFENDED, LAYERS, BATCH, True, EVERY_UNIT)
     assert cycles <= own <= spec.command_cycle_bound(DEFENDED, LAYERS, BATCH), (cycles, own)
     for l, w in enumerate(full["left"]):
         assert np.array_equal(w, stepped[l]), l
-    exact, _, _ = run_stopped_then_clean(("watchdog", cycles))
-    assert exact["status"] == "ok" and exact["cycles"] == cycles
     rng = np.random.default_rng(5)
+    points = sorted({1, cycles - 1, *rng.integers(1, cycles, size=2).tolist()})
+    (exact, *stopped), _, _ = run_stops([("watchdog", n) for n in [cycles] + points])
+    assert exact["status"] == "ok" and exact["cycles"] == cycles
     changed = 0
-    for n in sorted({1, cycles - 1, *rng.integers(1, cycles, size=2).tolist()}):
-        got, _, _ = run_stopped_then_clean(("watchdog", n))
+    for n, got in zip(points, stopped):
         assert got["status"] == "watchdog" and got["cycles"] == n + 1, (n, got)
         st = got["stopped"]
         assert st["stopped"] == 1 and st["watchdog"] == 1
@@ -241,15 +248,16 @@ def test_v2_watchdog_stops_at_its_bound_and_says_what_it_left():
     assert 0 < changed, "a stop should fall after the first update"
 
 
-@pytest.mark.parametrize("when", [0, 50])
-def test_v2_abort_before_the_first_weight_write_leaves_the_weights(when):
+def test_v2_abort_before_the_first_weight_write_leaves_the_weights():
     """An abort early in a training step stops it with `aborted`, the weights as they were;
     the next step is bit-exact."""
-    got, w0, _ = run_stopped_then_clean(("abort", when))
-    assert got["status"] == "aborted"
-    assert got["stopped"] == {"stopped": 1, "watchdog": 0, "weights_changed": 0, "layer": 0}
-    for l, w in enumerate(got["left"]):
-        assert np.array_equal(w, w0[l]), l
+    outs, w0, _ = run_stops([("abort", 0), ("abort", 50)])
+    for got in outs:
+        assert got["status"] == "aborted"
+        assert got["stopped"] == {"stopped": 1, "watchdog": 0, "weights_changed": 0,
+                                  "layer": 0}
+        for l, w in enumerate(got["left"]):
+            assert np.array_equal(w, w0[l]), l
 
 
 def test_a_program_the_checker_refuses_changes_nothing():
