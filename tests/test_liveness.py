@@ -167,18 +167,25 @@ def test_watchdog_stops_at_its_bound_and_says_what_it_left():
         got, w0, stepped = run_stopped_then_clean(("watchdog", n), seed=1)
         assert got["status"] == "watchdog", n
         assert got["cycles"] == n + 1, (n, got["cycles"])
-        st = got["stopped"]
-        assert st["stopped"] == 1 and st["watchdog"] == 1
-        for l, w in enumerate(got["left"]):
-            if not st["weights_changed"] or l < st["layer"]:
-                assert np.array_equal(w, w0[l]), (n, l, "should be untouched")
-            elif l > st["layer"]:
-                assert np.array_equal(w, stepped[l]), (n, l, "should have the update")
-            else:
-                # part of the update: each weight is the old or the new one
-                assert np.all((w == w0[l]) | (w == stepped[l])), (n, l)
-        changed += st["weights_changed"]
+        changed += left_as_stopped_says(got, w0, stepped, n)
     assert 0 < changed < len(points), "the stops should fall on both sides of the first update"
+
+
+def left_as_stopped_says(got, w0, stepped, n):
+    """A command stopped by the watchdog at n left what STOPPED says: layers below STOPPED's
+    layer untouched (all of them if it wrote no weight), those above with the step's update,
+    STOPPED's own layer part way (each weight the old or the new one). Returns
+    weights_changed."""
+    st = got["stopped"]
+    assert st["stopped"] == 1 and st["watchdog"] == 1
+    for l, w in enumerate(got["left"]):
+        if not st["weights_changed"] or l < st["layer"]:
+            assert np.array_equal(w, w0[l]), (n, l, "should be untouched")
+        elif l > st["layer"]:
+            assert np.array_equal(w, stepped[l]), (n, l, "should have the update")
+        else:
+            assert np.all((w == w0[l]) | (w == stepped[l])), (n, l)
+    return st["weights_changed"]
 
 
 # (the command runs 926 cycles; its first weight write comes between cycles 120 and 500)

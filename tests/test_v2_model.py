@@ -87,8 +87,8 @@ def test_a_program_the_host_did_not_compile_is_refused_and_changes_nothing():
                                                                    spec.OUTPUT_SHIFT]), V2)
     for base, burst in regmap.program_writes(words):
         dev.link.write_words(base, burst)
-    with pytest.raises(ConfigError, match="program: engine v2: the program memory does not "
-                                          "hold the program"):
+    with pytest.raises(ConfigError, match="program: engine v2: the program memory holds a "
+                                          "program the engine will not run"):
         dev.train_batch(x, y)
     for a, b in zip(before, dev.read_weights()):
         assert (a == b).all()

@@ -255,7 +255,8 @@ def _run_script(build_dir, script, limit_s):
 
 
 def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features=None,
-          router=None, placer_density=None, placer="heap", clock_mhz=None, time_limit_s=None):
+          router=None, placer_density=None, placer="heap", clock_mhz=None, time_limit_s=None,
+          dataflow=None):
     """Build `board` into `out_dir` with the engine build `engine_build` (a spec.BUILDS name;
     default the board's own), with only the optional units in `features` if given (names
     from spec.FEATURES), nextpnr's `placer` and `router` and, if given, the heap placer's
@@ -265,7 +266,9 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
     if given, replaces the engine build's clock (the PLL's target) to see whether a faster
     clock meets timing. The tools are stopped after `time_limit_s` seconds (default the
     board's `time_limit_s`): nextpnr's router does not give up on a design it cannot route.
-    Returns (report dict, list of problems; empty if all is well).
+    `dataflow` ("outputs" or "samples", spec.DATAFLOWS), if given, replaces the engine
+    build's: "samples" puts engine v2 (ember_hw.sample_core) on the board with the build's
+    sizes and units (its weights in block RAM). Returns (report dict, list of problems; empty if all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
     bld = spec.BUILDS[engine_build or board]
@@ -273,6 +276,9 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
         bld = dataclasses.replace(bld, features=tuple(features))
     if clock_mhz is not None:
         bld = dataclasses.replace(bld, clock_hz=int(round(clock_mhz * 1e6)))
+    if dataflow is not None and dataflow != bld.dataflow:
+        bld = dataclasses.replace(bld, name=f"{bld.name}-{dataflow}", dataflow=dataflow,
+                                  weight_spram=bld.weight_spram and dataflow == "outputs")
     router = router or board_info["router"]
     placer_density = placer_density or board_info["placer_density"]
     seed = board_info["seed"] if seed is None else seed
@@ -320,7 +326,7 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
     overrides["script_after_read"] = "\n".join(read_collision_script())
     floorplan = getattr(mod, "floorplan_script", None)
     if floorplan is not None:
-        overrides["script_after_synth"] = "\n".join(floorplan(bld.lanes))
+        overrides["script_after_synth"] = "\n".join(floorplan(bld))
         report["floorplan"] = {"lane_multipliers": mod.lane_multiplier_sites(bld.lanes)}
 
     start = time.monotonic()
@@ -451,6 +457,10 @@ def main(argv=None):
     parser.add_argument("--features",
                         help="comma-separated optional units to build (default: the engine "
                              f"build's own; from {', '.join(spec.FEATURES)})")
+    parser.add_argument("--dataflow", choices=spec.DATAFLOWS,
+                        help="the engine: 'outputs' (v1, ember_hw.engine) or 'samples' (engine "
+                             "v2, ember_hw.sample_core) with the engine build's sizes and "
+                             "units (default: the engine build's own)")
     parser.add_argument("--report-only", action="store_true",
                         help="run no tool; write report.json from what an earlier build left "
                              "in the build directory")
@@ -462,7 +472,7 @@ def main(argv=None):
                              run_tools=not args.report_only, features=features,
                              router=args.router, placer_density=args.placer_density,
                              placer=args.placer, clock_mhz=args.clock_mhz,
-                             time_limit_s=args.time_limit_s)
+                             time_limit_s=args.time_limit_s, dataflow=args.dataflow)
     fmax = "n/a" if report["fmax_mhz"] is None else f"{report['fmax_mhz']:.2f} MHz"
     print(f"{args.board}: stage {report['stage']}, fits {report['fits']}, fmax {fmax} "
           f"(target {report['target_mhz']:g} MHz), {report['build_seconds']} s; "

@@ -74,17 +74,18 @@ def lane_multiplier_sites(lanes):
     return sites
 
 
-#: The prefix of the MAC lanes' cells: EngineCore's submodule "lanes" (ember_hw.lanes.MacLanes).
-LANE_CELLS = ENGINE_CORE_CELLS + "lanes."
+#: The MAC lanes' submodule (ember_hw.lanes.MacLanes) below the engine core, by dataflow:
+#: EngineCore's "lanes", and SampleCore's "lanes" of its core (ember_hw.sample_engine).
+LANE_MODULES = {"outputs": "lanes.", "samples": "core.lanes."}
 
 
-def floorplan_script(lanes):
+def floorplan_script(build):
     """Yosys commands (run after synth_ecp5) that fix lane i's multiplier, the MULT18X18D
     named after the lane's product signal ``prod<i>`` (ember_hw.lanes.MacLanes), to its
-    site."""
+    site, for the engine of `build` (spec.Build)."""
     commands = []
-    for lane, site in enumerate(lane_multiplier_sites(lanes)):
-        cell = f"top/c:{LANE_CELLS}prod{lane}_MULT18X18D*"
+    for lane, site in enumerate(lane_multiplier_sites(build.lanes)):
+        cell = f"top/c:{ENGINE_CORE_CELLS}{LANE_MODULES[build.dataflow]}prod{lane}_MULT18X18D*"
         commands += [f"select -assert-count 1 {cell}", f'setattr -set BEL "{site}" {cell}']
     return commands
 

@@ -23,6 +23,7 @@ with the same actions, on the same memories, and counts the same events.
 """
 
 from dataclasses import dataclass, replace
+from math import prod
 
 import numpy as np
 
@@ -155,6 +156,19 @@ def check_fits(layers, build, batch, train=True):
                                    f"{need} {memory} {unit}; the build has {have}")
 
 
+def program_words_needed(layers, build, batch=None):
+    """The program memory words of the largest program the host compiles for `layers` at
+    `batch` (a train program with relative PSG's phases; batch None: the largest over the
+    batches, one whose last sample block is partial when there is such a batch)."""
+    P = build.lanes
+    batches = [batch] if batch is not None else [b for b in {build.max_batch, P + 1}
+                                                  if 1 <= b <= build.max_batch]
+    shifts = [0] * (len(layers) - 1)
+    phases = max(len(_train_phases(layers, build, b, shifts, psg_relative=True))
+                 for b in batches)
+    return phases * PHASE_WORDS + HEADER_WORDS
+
+
 def _per_sample(kind, build, batch, loops, gens, **fields):
     """Phases whose innermost levels walk the samples one by one (loss, argmax, requant):
     one phase over the full sample blocks and one over the batch's remainder. `loops`
@@ -193,6 +207,10 @@ def infer_program(layers, build, batch, shifts):
     """The phases of an infer command: a forward phase per layer (the last one writing
     logits), then the argmax of each sample's logits into the predictions."""
     check_fits(layers, build, batch, train=False)
+    return _infer_phases(layers, build, batch, shifts)
+
+
+def _infer_phases(layers, build, batch, shifts):
     n = layers[-1]
     return _forward_phases(layers, build, batch, shifts) + _per_sample(
         "argmax", build, batch, [("n", n)],
@@ -209,6 +227,10 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
     decided at run time from the SLU mask (BACKWARD_KINDS); the channel level's bound is
     the kept count."""
     check_fits(layers, build, batch)
+    return _train_phases(layers, build, batch, shifts, psg_relative)
+
+
+def _train_phases(layers, build, batch, shifts, psg_relative):
     P, S = build.lanes, sample_blocks(build, batch)
     tail = batch - (S - 1) * P
     wbase, abase, halves = layout(layers, build, batch)
@@ -255,6 +277,135 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
 KEPT_LEVEL = {"input_grad": INNER, "weight_grad": LEVELS - 5, "psg_max": LEVELS - 5}
 
 
+def book_multiplier_bits(build):
+    """The width of the multiplier operand b of the select phase's bookkeeping (the core's
+    serial multiplier takes this many steps a product): the keep ratio, the batch or a width."""
+    return max(build.max_width, build.max_batch, spec.KEEP_ONE).bit_length()
+
+
+#: Cycles of every phase besides its steps and the drain of its pipeline: loading its
+#: PHASE_WORDS words (PHASE_WORDS + 1), the nest's start (2: step 0 is presented two cycles
+#: after it), the nest's done cycle and the runner's NEXT.
+PHASE_OVERHEAD = PHASE_WORDS + 1 + 2 + 1 + 1
+#: A phase the SLU mask leaves out, and the end phase: its header words, then NEXT (FINISH).
+HEADER_ONLY_CYCLES = HEADER_WORDS + 2
+#: Cycles from a forward step to the snapshot of its sums (ember_hw.sample_engine).
+SNAP_LATENCY = 5
+#: Cycles from a phase's last step to the end of its drain, per kind, for P lanes: the
+#: pipeline's stages, and the forward writeback's P + 4 busy cycles after the snapshot, the
+#: dX drain's lane a cycle, the update's three stages after the weight gradient's five.
+_DRAIN = {"forward": lambda P: SNAP_LATENCY + P + 5, "logits": lambda P: SNAP_LATENCY + P + 5,
+          "argmax": lambda P: 3, "loss": lambda P: 3, "select": lambda P: 4,
+          "input_grad": lambda P: SNAP_LATENCY + P + 2, "requant": lambda P: 5,
+          "weight_grad": lambda P: 9, "psg_max": lambda P: 6}
+
+
+def _selector_cycles(build, batch, n, settings):
+    """ssProp's selector (ember_hw.select.ChannelSelector) on n channels, at its longest: one
+    pass of n + 1 cycles per searched bit of the largest score, then the fill pass; k >= n:
+    n + 2 cycles. Top-k scores sum |dY| < 2**15 over the batch, random ones are LFSR states."""
+    if "ssprop" not in build.features:
+        return 0
+    if settings is not None and settings.keep_q8 >= spec.KEEP_ONE:
+        return n + 2
+    scores = []
+    if settings is None or not settings.ssprop_random:
+        scores.append(batch << (spec.GRAD_BITS - 1))
+    if "ssprop_random" in build.features and (settings is None or settings.ssprop_random):
+        scores.append((1 << 16) - 1)
+    passes = min(32, 1 + max(scores).bit_length())
+    return (passes + 1) * (n + 1) + 1
+
+
+def _book_cycles(build):
+    """The select phase's bookkeeping before its words are loaded again: 3 states and four
+    serial products of book_multiplier_bits(build) steps, each started and taken (+ 2)."""
+    return 3 + 4 * (book_multiplier_bits(build) + 2)
+
+
+def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
+    """An upper bound on the busy cycles the v2 core (ember_hw.sample_engine) spends on the
+    phase `ph` of a command at batch `batch`: PHASE_OVERHEAD, its steps and what holds them,
+    and its drain (_DRAIN). settings None: for every step setting and any data (the kept
+    count at the layer's outputs, two PSG passes, the selector at its longest); a
+    StepSettings: for that step (its kept count and passes). `runs` false: a backward phase
+    the SLU mask leaves out, which costs its header (and the select phase its bookkeeping).
+    Zero skipping saves reads, not cycles.
+
+    Per kind, P lanes, n_i the nest's effective bounds, steps their product, and G the steps
+    over the innermost bound n_inner (the groups that end in a snapshot or a drain):
+      forward, logits: a group's last step waits for the writeback unit, busy P + 4 cycles
+                       after each snapshot: n_inner + (G - 1) * max(n_inner, P + 5);
+      input_grad:      the same with the dX drain's P cycles: max(n_inner, P + 1);
+      loss:            a step per sample, each the softmax-gradient unit's 3N + 23 cycles
+                       (ember_hw.loss) and 4 of the runner's;
+      select:          its steps, the selector (_selector_cycles), the kept list (N + 2),
+                       and before them its header and bookkeeping (_book_cycles);
+      weight_grad:     its steps; under PSG the second pass of each (channel, input group)
+                       waits up to 6 cycles for the first pass's decisions;
+      argmax, requant, psg_max: their steps.
+    """
+    P = build.lanes
+    kind = ph.kind
+    passes, kept = 2, ph.outputs
+    if settings is not None:
+        passes = 2 if settings.psg else 1
+        if "ssprop" in build.features:
+            kept = keep_count(ph.outputs, settings.keep_q8)
+        if not runs:
+            return HEADER_ONLY_CYCLES + (_book_cycles(build) if kind == "select" else 0)
+    bounds = list(ph.bounds)
+    if kind in KEPT_LEVEL:
+        bounds[KEPT_LEVEL[kind]] = kept
+    if kind in ("weight_grad", "psg_max"):
+        bounds[PASS_LEVEL] = passes if kind == "weight_grad" else 1
+    steps = int(np.prod(bounds))
+    inner = bounds[INNER]
+    groups = steps // inner if inner else 0
+    if kind in ("forward", "logits"):
+        run = inner + (groups - 1) * max(inner, P + SNAP_LATENCY)
+    elif kind == "input_grad":
+        run = inner + (groups - 1) * max(inner, P + 1)
+    elif kind == "loss":
+        run = steps * (3 * ph.outputs + 23 + 4)
+    elif kind == "weight_grad":
+        run = steps + (6 * bounds[0] * bounds[1] if passes == 2 else 0)
+    else:
+        run = steps
+    if kind == "select":
+        run += (HEADER_ONLY_CYCLES + _book_cycles(build)
+                + _selector_cycles(build, batch, ph.outputs, settings) + ph.outputs + 2)
+    return PHASE_OVERHEAD + run + _DRAIN[kind](P)
+
+
+def program_cycle_bound(phases, build, batch, settings=None):
+    """An upper bound on the busy cycles of a command that runs the program `phases` at
+    batch `batch` on the v2 core: the sum of phase_cycle_bound, the end phase's header and
+    the runner's last state. settings None: for every step setting and any data; a
+    StepSettings: for that step's (its SLU mask decides which backward phases run). What
+    the watchdog's limit is set to (spec.command_cycle_bound on a samples build)."""
+    n_layers = 1 + max((ph.layer for ph in phases), default=0)
+    total = HEADER_ONLY_CYCLES + 1
+    for ph in phases:
+        runs = True
+        if settings is not None and ph.kind in BACKWARD_KINDS:
+            runs = _Run.runs_for(settings.mask(n_layers), ph)
+        total += phase_cycle_bound(ph, build, batch, settings, runs)
+    return total
+
+
+def command_cycle_bound(build, layers, batch, train=True, settings=None):
+    """spec.command_cycle_bound on a samples build: the program_cycle_bound of the program
+    the host compiles for the network and batch (a train program with psg_max phases unless
+    `settings` leave relative PSG off), whether or not it fits the build's memories."""
+    shifts = [0] * (len(layers) - 1)
+    if not train:
+        return program_cycle_bound(_infer_phases(layers, build, batch, shifts), build, batch)
+    relative = settings is None or (settings.psg and settings.psg_relative)
+    return program_cycle_bound(_train_phases(layers, build, batch, shifts, relative), build,
+                               batch, settings)
+
+
 def encode(phases, build):
     """The program memory's words of `phases`, ended by an "end" header."""
     words = []
@@ -289,37 +440,303 @@ def decode(words):
     generator's strides recovered from its deltas, innermost level first (stride_i = delta_i +
     sum over j > i of (n_j - 1) * stride_j). Raises spec.ConfigError for an unknown kind or
     words that end inside a phase."""
-    kinds = {code: name for name, code in KINDS.items()}
     phases, at = [], 0
     while True:
         if at + HEADER_WORDS > len(words):
             raise spec.ConfigError(f"the program ends at word {len(words)} without an end phase")
-        head = words[at:at + HEADER_WORDS]
-        fields = {name: (head[w] >> off) & ((1 << width) - 1)
-                  for name, (w, off, width) in HEADER_FIELDS.items()}
-        kind = kinds.get(fields.pop("kind"))
+        fields = _header(words, at)
+        code = fields.pop("kind")
+        kind = KIND_NAMES.get(code)
         if kind is None:
-            raise spec.ConfigError(f"word {at}: phase kind {head[0] & 0xF} is not one of "
+            raise spec.ConfigError(f"word {at}: phase kind {code} is not one of "
                                    f"{sorted(KINDS.values())}")
         if kind == "end":
             return phases
         if at + PHASE_WORDS > len(words):
             raise spec.ConfigError(f"the program ends at word {len(words)} inside the phase "
                                    f"at word {at}")
-        body = words[at + HEADER_WORDS:at + PHASE_WORDS]
-        mask = (1 << BOUND_BITS) - 1
-        bounds = tuple((body[i // 2] >> (BOUND_BITS * (i % 2))) & mask for i in range(LEVELS))
-        bases, strides = {}, {}
-        for g_i, g in enumerate(GENERATORS):
-            at_g = BOUND_WORDS + g_i * (1 + LEVELS)
-            bases[g] = body[at_g]
-            deltas = [_signed(d) for d in body[at_g + 1:at_g + 1 + LEVELS]]
-            st = [0] * LEVELS
-            for i in range(LEVELS - 1, -1, -1):
-                st[i] = deltas[i] + sum((bounds[j] - 1) * st[j] for j in range(i + 1, LEVELS))
-            strides[g] = tuple(st)
-        phases.append(Phase(kind, Nest(bounds, bases, strides), **fields))
+        phases.append(_phase(words, at, kind, fields))
         at += PHASE_WORDS
+
+
+#: Phase kinds by their code in the program memory.
+KIND_NAMES = {code: name for name, code in KINDS.items()}
+
+
+def _header(words, at):
+    """The header fields of the phase at word `at` (the kind as its code)."""
+    head = words[at:at + HEADER_WORDS]
+    return {name: (head[w] >> off) & ((1 << width) - 1)
+            for name, (w, off, width) in HEADER_FIELDS.items()}
+
+
+def _phase(words, at, kind, fields):
+    """The Phase at word `at`, its header's `fields` read (_header, the kind popped)."""
+    body = words[at + HEADER_WORDS:at + PHASE_WORDS]
+    mask = (1 << BOUND_BITS) - 1
+    bounds = tuple((body[i // 2] >> (BOUND_BITS * (i % 2))) & mask for i in range(LEVELS))
+    bases, strides = {}, {}
+    for g_i, g in enumerate(GENERATORS):
+        at_g = BOUND_WORDS + g_i * (1 + LEVELS)
+        bases[g] = body[at_g]
+        deltas = [_signed(d) for d in body[at_g + 1:at_g + 1 + LEVELS]]
+        st = [0] * LEVELS
+        for i in range(LEVELS - 1, -1, -1):
+            st[i] = deltas[i] + sum((bounds[j] - 1) * st[j] for j in range(i + 1, LEVELS))
+        strides[g] = tuple(st)
+    return Phase(kind, Nest(bounds, bases, strides), **fields)
+
+
+# ---------------------------------------------------------------- the static program check
+#: What each generator's address is compared with in a phase of each kind (GENERATORS): the
+#: memory it addresses, or the range of what it counts. The core compares every generator at
+#: every step, the ones a kind does not use too (their bases and deltas are 0).
+ADDRESSED = {
+    "forward": {"w": "weights", "a": "activation words", "g": "gradient words",
+                "o": "activation words"},
+    "logits": {"w": "weights", "a": "activation words", "g": "gradient words",
+               "o": "gradient words"},
+    "argmax": {"w": "classes", "a": "gradient words", "g": "gradient words", "o": "samples"},
+    "loss": {"w": "weights", "a": "gradient words", "g": "gradient words", "o": "samples"},
+    "select": {"w": "weights", "a": "activation words", "g": "gradient words",
+               "o": "activation words"},
+    "input_grad": {"w": "weights", "a": "activation words", "g": "gradient words",
+                   "o": "dX scratch entries"},
+    "requant": {"w": "weights", "a": "dX scratch entries", "g": "gradient words",
+                "o": "gradient words"},
+    "weight_grad": {"w": "weights", "a": "activation words", "g": "gradient words",
+                    "o": "group inputs"},
+    "psg_max": {"w": "weights", "a": "activation words", "g": "gradient words",
+                "o": "group inputs"},
+}
+
+
+def memory_sizes(build):
+    """The entries of each memory (and range) of ADDRESSED on `build`."""
+    P = build.lanes
+    return {"weights": build.weight_words * P, "activation words": build.act_bytes // P,
+            "gradient words": build.grad_words, "dX scratch entries": build.scratch_entries,
+            "classes": build.max_width, "samples": build.max_batch,
+            "group inputs": spec.GRAD_HOLD}
+
+
+def limits(kind, build):
+    """dict generator -> its limit in a phase of `kind` on `build`: the core stops a step
+    whose address is not below it. The one table of these limits (ember_hw.sample_engine
+    gives them to its loop nest; `verify` checks a program against them)."""
+    sizes = memory_sizes(build)
+    return {g: sizes[memory] for g, memory in ADDRESSED[kind].items()}
+
+
+def run_time_bounds(ph, select):
+    """dict level -> the largest bound the core gives that level of `ph` at run time (its
+    written bound is not used): the kept channel level's is the kept count, at most the
+    outputs of the select phase that made the kept list (`select`), and the pass level's
+    PSG's passes (2 in a weight gradient under PSG, else 1)."""
+    out = {}
+    if ph.kind in KEPT_LEVEL:
+        out[KEPT_LEVEL[ph.kind]] = select.outputs
+    if ph.kind in ("weight_grad", "psg_max"):
+        out[PASS_LEVEL] = 2 if ph.kind == "weight_grad" else 1
+    return out
+
+
+def effective_nest(ph, select):
+    """`ph`'s nest with its run-time levels at their largest bounds (run_time_bounds)."""
+    bounds = list(ph.bounds)
+    for level, bound in run_time_bounds(ph, select).items():
+        bounds[level] = bound
+    return Nest(tuple(bounds), ph.nest.bases, ph.nest.strides)
+
+
+def _header_fault(ph, build, select):
+    P = build.lanes
+    if not 1 <= ph.tail <= P:
+        return f"tail {ph.tail} is outside 1..{P} (the lanes)"
+    if ph.shift > spec.FORWARD_SHIFT_MAX:
+        return f"shift {ph.shift} is above {spec.FORWARD_SHIFT_MAX}, the largest forward shift"
+    if ph.layer >= build.max_layers:
+        return f"layer {ph.layer} is outside 0..{build.max_layers - 1} (the build's layers)"
+    for name in ("inputs", "outputs"):
+        if getattr(ph, name) > build.max_width:
+            return (f"{name} {getattr(ph, name)} is above {build.max_width}, the build's "
+                    "widest layer")
+    if ph.kind in ("loss", "select") and ph.outputs < 1:
+        return f"outputs 0: a {ph.kind} phase needs at least one (classes or channels)"
+    return None
+
+
+def _kept_list_fault(ph, build, select):
+    # the kept list is the last select phase's; a kept phase of another layer could run when
+    # that select phase did not (the SLU mask) and use a stale list
+    if ph.kind not in KEPT_LEVEL:
+        return None
+    if select is None:
+        return "no select phase before it makes its kept list"
+    mine = (ph.layer, ph.inputs, ph.outputs)
+    theirs = (select.layer, select.inputs, select.outputs)
+    if mine != theirs:
+        return (f"its layer, inputs and outputs {mine} are not those of the select phase "
+                f"that made its kept list {theirs}")
+    return None
+
+
+def _bound_fault(ph, build, select):
+    run_time = run_time_bounds(ph, select)
+    for level, bound in enumerate(ph.bounds):
+        if level not in run_time and bound < 1:
+            return f"level {level}'s bound is {bound}; a bound counts iterations, 1 or more"
+    return None
+
+
+def _run_time_stride_fault(ph, build, select):
+    # the core walks a phase by its deltas with the run-time bounds, the executor by the
+    # strides of the written ones: the same addresses, whatever the run-time bounds, when a
+    # run-time level inside the outermost steps no generator
+    for level in run_time_bounds(ph, select):
+        for g in GENERATORS:
+            stride = ph.nest.strides[g][level]
+            if level > 0 and stride != 0:
+                return (f"generator {g} steps {stride} at level {level}, whose bound the core "
+                        "sets at run time; it must step 0 there")
+    return None
+
+
+def _channel_fault(ph, build, select):
+    # the select phase scores one channel per walk of its sample blocks (the innermost level)
+    if ph.kind != "select":
+        return None
+    channels = prod(ph.bounds[:INNER])
+    if channels > ph.outputs:
+        return f"it scores {channels} channels; the layer has {ph.outputs} outputs"
+    return None
+
+
+def _range_fault(ph, build, select):
+    nest, sizes = effective_nest(ph, select), memory_sizes(build)
+    for g in GENERATORS:
+        lo, hi = nest.span(g)
+        memory = ADDRESSED[ph.kind][g]
+        if lo < 0:
+            return f"generator {g} reaches {lo}; addresses start at 0"
+        if hi >= sizes[memory]:
+            return (f"generator {g} reaches {hi}; the build has {sizes[memory]} {memory} "
+                    f"(0..{sizes[memory] - 1})")
+    return None
+
+
+def derived_reach(ph, build, select):
+    """The addresses the core forms from a phase's generators besides theirs, each as (what,
+    how it is formed, its largest value, the memory): the kept channel j and j * K added to g
+    and w, the dX drain's entry o + lane, the loss unit's word a + n for n < N."""
+    nest = effective_nest(ph, select)
+    top = {g: nest.span(g)[1] for g in GENERATORS}
+    if ph.kind in KEPT_LEVEL:
+        j, K = select.outputs - 1, select.inputs
+        out = [("the kept channels' weights", f"{top['w']} + {j} * {K}", top["w"] + j * K,
+                "weights"),
+               ("the kept channels' dY words", f"{top['g']} + {j}", top["g"] + j,
+                "gradient words")]
+        if ph.kind == "input_grad":
+            lanes = build.lanes - 1
+            out.append(("the dX drain's entries", f"{top['o']} + {lanes}", top["o"] + lanes,
+                        "dX scratch entries"))
+        return out
+    if ph.kind == "loss":
+        n = ph.outputs - 1
+        return [("the loss unit's writes", f"{top['a']} + {n}", top["a"] + n, "gradient words")]
+    return []
+
+
+def _derived_fault(ph, build, select):
+    sizes = memory_sizes(build)
+    for what, formed, reach, memory in derived_reach(ph, build, select):
+        if reach >= sizes[memory]:
+            return f"{what} reach {formed} = {reach}; the build has {sizes[memory]} {memory}"
+    return None
+
+
+#: verify's checks of one phase, in order: each gives a reason to refuse it, or None.
+_PHASE_CHECKS = (_header_fault, _kept_list_fault, _bound_fault, _run_time_stride_fault,
+                 _channel_fault, _range_fault, _derived_fault)
+
+
+#: The checks of `verify_verdict`, in the order it makes them: "end" (no end phase inside
+#: PROGRAM_WORDS, or a phase's words pass them), "kind" (a kind KINDS does not name), then
+#: one per _PHASE_CHECKS entry. The 32-bit-word check (_word_fault) is not one of them: it
+#: is the host's alone (the program memory holds 32-bit words).
+VERIFY_CHECKS = ("end", "kind") + tuple(check.__name__[1:-len("_fault")]
+                                        for check in _PHASE_CHECKS)
+
+
+def verify(words, build):
+    """Check the program memory's `words` (as `encode` writes them) before a run: None if the
+    core (ember_hw.sample_engine) can run it on `build` without a fault for any step settings
+    and any data, else (phase index, reason), the reason naming the field, its value and its
+    limit. The golden twin of the check the shell's program checker makes before a command
+    starts (docs/architecture.md, section 2b; verify_verdict also names the check).
+
+    The core's run-time checks, made here for every value the run may give the levels it
+    bounds at run time (run_time_bounds): a kind it knows, bounds of 1 or more, each
+    generator's whole range over the nest inside its limit (`limits`), the addresses formed
+    from them (derived_reach), and an "end" phase inside PROGRAM_WORDS. Where the core's
+    check is finer than a static bound, this one refuses more: the header's fields in their
+    registers' ranges, a kept phase with its select phase's layer and shape, a run-time level
+    that steps no generator (unless outermost), a select phase over at most its N channels,
+    the dX drain over all P lanes and the kept channels up to N - 1 at every step."""
+    verdict = verify_verdict(words, build)
+    if verdict is None:
+        return None
+    index, _, reason = verdict
+    return index, reason
+
+
+def verify_verdict(words, build):
+    """`verify`'s verdict with the check that refused: None, or (phase index, the check's
+    name in VERIFY_CHECKS, reason). The golden twin of ember_hw.program_check.ProgramCheck,
+    which names the same phase and check (its `phase` and `check` ports). A word that is not
+    a 32-bit word is refused as check "word", which is not in VERIFY_CHECKS: the program
+    memory cannot hold one, so only the host sees it."""
+    at, index, select = 0, 0, None
+    end = min(len(words), PROGRAM_WORDS)
+    while True:
+        if at + HEADER_WORDS > end:
+            return index, "end", (f"phase {index}: no end phase at word {at}; the program has "
+                                  f"{len(words)} words, the engine holds {PROGRAM_WORDS}")
+        reason = _word_fault(words, at, HEADER_WORDS)
+        if reason:
+            return index, "word", f"phase {index}: {reason}"
+        fields = _header(words, at)
+        code = fields.pop("kind")
+        kind = KIND_NAMES.get(code)
+        if kind is None:
+            return index, "kind", (f"phase {index}: kind {code} is not one of "
+                                   f"{sorted(KINDS.values())}")
+        if kind == "end":
+            return None
+        if at + PHASE_WORDS > end:
+            return index, "end", (f"phase {index} ({kind}): its words "
+                                  f"{at}..{at + PHASE_WORDS - 1} pass the program's end "
+                                  f"({end} words)")
+        reason = _word_fault(words, at, PHASE_WORDS)
+        if reason:
+            return index, "word", f"phase {index} ({kind}): {reason}"
+        ph = _phase(words, at, kind, fields)
+        for name, check in zip(VERIFY_CHECKS[2:], _PHASE_CHECKS):
+            reason = check(ph, build, select)
+            if reason:
+                return index, name, f"phase {index} ({kind}): {reason}"
+        if kind == "select":
+            select = ph
+        at += PHASE_WORDS
+        index += 1
+
+
+def _word_fault(words, at, count):
+    for i in range(at, at + count):
+        if not (isinstance(words[i], (int, np.integer)) and 0 <= words[i] <= WORD_MASK):
+            return f"word {i} is {words[i]!r}, not a {spec.BUS_DATA_BITS}-bit word"
+    return None
 
 
 class Memories:
@@ -374,10 +791,16 @@ class _Run:
 
     def runs(self, ph):
         """Whether a backward phase runs for its layer (the SLU mask)."""
+        return self.runs_for(self.mask, ph)
+
+    @staticmethod
+    def runs_for(mask, ph):
+        """Whether the backward phase `ph` runs under the SLU mask `mask` (one bool per layer):
+        "w" kinds when its layer is updated, "x" kinds when a layer below is."""
         l = ph.layer
         need = BACKWARD_KINDS[ph.kind]
-        wgrad = self.mask[l]
-        igrad = l > 0 and any(self.mask[:l])
+        wgrad = mask[l]
+        igrad = l > 0 and any(mask[:l])
         return ("w" in need and wgrad) or ("x" in need and igrad)
 
     def layer_skips(self, ph):
@@ -411,17 +834,21 @@ def _live(ph, last, P):
     return np.arange(P) < (ph.tail if last else P)
 
 
-def execute(phases, mem, counts=None, zero_skip=True, settings=None):
+def execute(phases, mem, counts=None, zero_skip=True, settings=None, batch=None):
     """Run `phases` on `mem` as the v2 engine does; add the events to `counts` (a dict of
     spec.COUNTERS) and return (counts, correct: the samples the loss phase classified
     right). `settings` (spec.StepSettings) are the step's registers; inference uses
-    zero_skip alone."""
+    zero_skip alone. `batch` is the core's batch register (the layers' bulk skips and the
+    samples count it); None takes the samples the loss phases walk, as the host compiles
+    them."""
     c = counts if counts is not None else dict.fromkeys(spec.COUNTERS, 0)
     if settings is None:
         settings = StepSettings(zero_skip=zero_skip)
-    n_layers = max(ph.layer for ph in phases) + 1
+    n_layers = max((ph.layer for ph in phases), default=0) + 1
     run = _Run(mem, settings, n_layers, c)
-    run.batch = sum(ph.bounds[-2] * ph.bounds[-1] for ph in phases if ph.kind == "loss") or None
+    if batch is None:
+        batch = sum(ph.bounds[-2] * ph.bounds[-1] for ph in phases if ph.kind == "loss")
+    run.batch = batch or None
     for ph in phases:
         if ph.kind in BACKWARD_KINDS:
             if ph.kind == "select":

@@ -373,11 +373,10 @@ BUILDS = {
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=30_000_000, baud=3_000_000),
-    # engine v2 (docs/architecture.md 2b): the sim build's sizes with the sample-lane
-    # dataflow (ember_hw.sample_core), on the model backend and the simulated board; no
-    # command check, abort or watchdog unit yet
-    "v2": Build(name="v2", dataflow="samples",
-                features=("zero_skip", "slu", "psg", "ssprop", "ssprop_random")),
+    # engine v2 (docs/architecture.md 2b): the sim build's sizes and units with the
+    # sample-lane dataflow (ember_hw.sample_core), on the model backend and the simulated
+    # board; its watchdog's limit is ember.dataflow.command_cycle_bound's
+    "v2": Build(name="v2", dataflow="samples"),
 }
 DEFAULT_BUILD = BUILDS["sim"]
 #: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's
@@ -440,6 +439,13 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
         if need > build.scratch_entries:
             raise ConfigError(f"network {layers} with batch {batch} needs {need} dX scratch "
                               f"entries; build '{build.name}' holds {build.scratch_entries}")
+    if build.dataflow == "samples":
+        from . import dataflow
+        need = dataflow.program_words_needed(layers, build, batch)
+        if need > dataflow.PROGRAM_WORDS:
+            raise ConfigError(f"network {layers}{'' if batch is None else f' with batch {batch}'}"
+                              f" needs a program of {need} words; build '{build.name}' "
+                              f"holds {dataflow.PROGRAM_WORDS}")
     return layers
 
 
@@ -638,8 +644,9 @@ COMMAND_CHECKS = {
     "grads": "the batch's output gradients need more words than the gradient memory holds",
     "scratch": "the batch's input gradients need more entries than the dX scratch holds",
     "labels": "a label of the batch has not been written since the class count last changed",
-    "program": "engine v2: the program memory does not hold the program the host compiles "
-               "for the network and batch in the registers",
+    "program": "engine v2: the program memory holds a program the engine will not run (the "
+               "engine: one dataflow.verify refuses; the model: any but the one the host "
+               "compiles for the network and batch in the registers)",
 }
 
 
@@ -852,7 +859,13 @@ def command_cycle_bound(build, layers, batch, train=True, settings=None):
     `build`: the sum of command_cycle_bounds, whose docstring gives the formula per phase.
     settings None: valid for every step setting and any data; a StepSettings: for that
     step's settings. Raises ConfigError for a shape or batch the build's registers cannot
-    hold (memory limits are not checked: check_network does)."""
+    hold (memory limits are not checked: check_network does). On a samples build (engine
+    v2) the bound is ember.dataflow.command_cycle_bound's, from the program the host
+    compiles."""
+    if build.dataflow == "samples":
+        from . import dataflow
+        return dataflow.command_cycle_bound(build, _check_shape(layers, build, batch), batch,
+                                            train, settings)
     return sum(command_cycle_bounds(build, layers, batch, train, settings).values())
 
 

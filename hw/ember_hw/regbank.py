@@ -63,6 +63,11 @@ before it reaches the bus, see EngineCore):
   counter_valid, counter_data: In.
   classes:        Out -- the class count labels are checked against (0 with no layers).
   label_written, label_word: In -- the engine wrote label word label_word this cycle.
+  program_check:  Out(1) -- (engine v2 with the command_check unit: ``checks_program``) the
+                  command passed StepCheck: the shell's program checker is asked for its
+                  verdict on the program memory (ember_hw.program_check), in this cycle.
+  program_done, program_ok: In(1) -- its verdict (in the cycle of program_check or later):
+                  a refused program refuses the command (REJECTED "program").
 """
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal
@@ -97,6 +102,8 @@ class RegisterBank(wiring.Component):
         self.desc_depth = (build.max_layers + 1) * spec.LAYER_STRIDE
         self.desc_bits = max(f.bits for f in self.fields.values())
         self.label_words = (build.max_batch + 1) // 2
+        #: engine v2's command check asks the shell's program checker too
+        self.checks_program = build.dataflow == "samples" and "command_check" in build.features
         settings = wiring.Signature({name: Out(s.bits, init=s.init)
                                      for name, s in self.settings_table.items()})
         super().__init__({
@@ -130,6 +137,8 @@ class RegisterBank(wiring.Component):
             "classes": Out(self.fields["outputs"].bits),
             "label_written": In(1),
             "label_word": In(range(self.label_words)),
+            **({"program_check": Out(1), "program_done": In(1), "program_ok": In(1)}
+               if self.checks_program else {}),
         })
 
     def has_register(self, name):
@@ -264,10 +273,13 @@ class RegisterBank(wiring.Component):
         has_abort = "abort" in self.build.features
         cmd_pending = Signal()
 
-        def verdict():
+        program_checking = Signal()         # the program checker has the command
+        program_failed = Const(1 + list(spec.COMMAND_CHECKS).index("program"), len(rejected))
+
+        def verdict(failed):
             """The check's verdict: refuse, or start the command."""
-            m.d.sync += [checking.eq(0), rejected.eq(check.failed)]
-            with m.If(check.failed != 0):
+            m.d.sync += [checking.eq(0), program_checking.eq(0), rejected.eq(failed)]
+            with m.If(failed != 0):
                 m.d.comb += err("bad_value")
             with m.Else():
                 m.d.sync += [self.start_train.eq(self.w_data[0]),
@@ -277,6 +289,23 @@ class RegisterBank(wiring.Component):
                     m.d.comb += ack() + [self.defer.eq(1)]
                 else:
                     m.d.sync += cmd_pending.eq(1)
+
+        def program_verdict():
+            m.d.comb += self.program_check.eq(1)
+            with m.If(self.program_done):
+                verdict(Mux(self.program_ok, 0, program_failed))
+            with m.Else():
+                m.d.sync += [checking.eq(0), program_checking.eq(1)]
+
+        def step_checked():
+            """StepCheck is done: its verdict, or on engine v2 the program checker's next."""
+            if self.checks_program:
+                with m.If(check.failed != 0):
+                    verdict(check.failed)
+                with m.Else():
+                    program_verdict()
+            else:
+                verdict(check.failed)
 
         abort_bit = spec.CONTROL_ABORT.bit_length() - 1
 
@@ -302,13 +331,17 @@ class RegisterBank(wiring.Component):
                         m.d.comb += err("busy")
                     with m.Elif(self.w_data[abort_bit]):
                         m.d.comb += ack()       # no command runs: nothing to stop
+                if self.checks_program:
+                    with m.Elif(program_checking):
+                        with m.If(self.program_done):
+                            verdict(Mux(self.program_ok, 0, program_failed))
                 with m.Elif(checking):
                     with m.If(check.done):
-                        verdict()
+                        step_checked()
                 with m.Elif(command):
                     m.d.comb += check.start.eq(1)
                     with m.If(check.done):      # decided at once (no layers or no batch)
-                        verdict()
+                        step_checked()
                     with m.Else():
                         m.d.sync += checking.eq(1)
                 with m.Else():

@@ -15,7 +15,12 @@ The shell only wires units that are each tested alone:
 - ``CommandStop`` (ember_hw.stopper): abort and watchdog reset the core's runner and
   pipelines (its memories keep their contents);
 - a serial multiplier for the input batch's extent (the window's ``block_words``: the
-  sample blocks times layer 0's inputs), recomputed after a write of either factor.
+  sample blocks times layer 0's inputs), recomputed after a write of either factor;
+- with the command_check unit, ``ProgramCheck`` (ember_hw.program_check): the register
+  bank's command check ends with its verdict on the program memory, so a program that
+  could leave a memory is refused (REJECTED "program") before anything changes. It checks
+  a program once after each write of the program region; the verdict is kept until the
+  next.
 
 A command is CONTROL's train or infer strobe: the core runs the program in its program
 memory, which the host wrote for that command (ember.device). A run the core refuses part
@@ -35,6 +40,7 @@ from ember import dataflow, spec
 from .bus import engine_members
 from .counters import CounterFile
 from .memwindow import SampleWindow
+from .program_check import ProgramCheck
 from .regbank import RegisterBank
 from .sample_engine import SampleEngine, event_bounds
 from .serial_mul import SerialMultiplier
@@ -78,6 +84,8 @@ class SampleCore(wiring.Component):
         self._bus(m, regs, win)
         self._window_ports(m, regs, win, core)
         self._counters(m, regs, win, core)
+        if regs.checks_program:
+            self._program_check(m, regs, win, core)
         m.submodules.stopper = stopper = CommandStop(bld)
         busy_was = Signal()
         status = Signal(spec.LINK_STATUS_BITS)
@@ -168,6 +176,25 @@ class SampleCore(wiring.Component):
                      win.full_words.eq(mul.product - Mux(tail != 0, regs.inputs0, 0)),
                      win.tail.eq(tail), win.limit_ready.eq(~start & mul.done)]
 
+    def _program_check(self, m, regs, win, core):
+        """The command check's last step: the program memory checked before a command runs
+        (ProgramCheck, golden twin dataflow.verify_verdict), once after each time the host
+        writes it: a program that passed stays verified until the program region is written
+        again."""
+        m.submodules.program_check = pc = ProgramCheck(self.build)
+        verified = Signal()
+        with m.If(win.prog_wr_en):
+            m.d.sync += verified.eq(0)
+        with m.Elif(pc.done):
+            m.d.sync += verified.eq(pc.ok)
+        asked = regs.program_check
+        m.d.comb += [pc.start.eq(asked & ~verified), pc.rd_data.eq(core.prog_rd_data),
+                     regs.program_done.eq((asked & verified) | pc.done),
+                     regs.program_ok.eq((asked & verified) | (pc.done & pc.ok))]
+        # the checker reads the program memory through the core's idle read port
+        with m.If(pc.busy):
+            m.d.comb += core.prog_rd_addr.eq(pc.rd_addr)
+
     def _counters(self, m, regs, win, core):
         """The event counters: the core's events, the link's bytes, the window's input bytes
         and the busy cycles by phase kind."""
@@ -181,7 +208,9 @@ class SampleCore(wiring.Component):
         m.d.comb += [inc.act_writes.eq(core.inc.act_writes + win.act_wr_en),
                      inc.link_rx_bytes.eq(self.link_rx), inc.link_tx_bytes.eq(self.link_tx),
                      inc.cycles.eq(core.busy)]
-        for cycles in set(CYCLE_KINDS.values()):
+        # (in CYCLE_KINDS' order, not a set's: the Verilog must not change between
+        # processes, or every run rebuilds the simulated board)
+        for cycles in dict.fromkeys(CYCLE_KINDS.values()):
             kinds = [dataflow.KINDS[k] for k, c in CYCLE_KINDS.items() if c == cycles]
             m.d.comb += getattr(inc, cycles).eq(core.busy & sum(
                 (core.kind == code) for code in kinds).bool())

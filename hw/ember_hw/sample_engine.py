@@ -111,8 +111,8 @@ def event_bounds(build):
     return bounds
 
 
-#: Cycles from a nest step to the snapshot of its sums.
-SNAP_LATENCY = 5
+#: Cycles from a nest step to the snapshot of its sums (the watchdog's bound counts them).
+SNAP_LATENCY = dataflow.SNAP_LATENCY
 LEVELS = dataflow.LEVELS
 INNER = dataflow.INNER
 BLOCK = dataflow.BLOCK_LEVEL
@@ -275,16 +275,7 @@ class SampleEngine(wiring.Component):
                 v = Mux(s.gradish, s.passes, v)
             eff.append(v)
         m.d.comb += [nest.bound.eq(Cat(*eff)), s.nest_done.eq(nest.done)]
-        limits = {
-            "w": Mux(s.is_["argmax"], bld.max_width, self.weight_depth),
-            "a": Mux(s.is_["argmax"] | s.is_["loss"], bld.grad_words,
-                     Mux(s.is_["requant"], bld.scratch_entries, self.act_words)),
-            "g": bld.grad_words,
-            "o": Mux(s.gradish, spec.GRAD_HOLD,
-                     Mux(s.is_["argmax"] | s.is_["loss"], bld.max_batch,
-                     Mux(s.is_["logits"] | s.is_["requant"], bld.grad_words,
-                         Mux(s.is_["input_grad"], bld.scratch_entries, self.act_words)))),
-        }
+        limits = {g: self._limit(s, g) for g in s.gens}
         for g in s.gens:
             m.d.comb += [getattr(nest, f"base_{g}").eq(s.bases[g]),
                          getattr(nest, f"delta_{g}").eq(Cat(*s.deltas[g])),
@@ -310,6 +301,19 @@ class SampleEngine(wiring.Component):
         m.d.comb += s.k_rd.addr.eq(s.c_idx)
         s.kept_j = s.k_rd.data[:self.width_bits]
         s.kept_jk = s.k_rd.data[self.width_bits:]
+
+    def _limit(self, s, g):
+        """Generator g's limit in the running phase, by its kind (ember.dataflow.limits, the
+        one table of them): the value most kinds share, unless a kind with another runs."""
+        kinds_by_limit = {}
+        for kind in dataflow.ADDRESSED:
+            kinds_by_limit.setdefault(dataflow.limits(kind, self.build)[g], []).append(kind)
+        common = max(kinds_by_limit, key=lambda limit: len(kinds_by_limit[limit]))
+        value = Const(common, range(common + 1))
+        for limit, kinds in kinds_by_limit.items():
+            if limit != common:
+                value = Mux(Cat(*[s.is_[k] for k in kinds]).any(), limit, value)
+        return value
 
     # ---------------------------------------------------------------- shared datapath
     def _datapath(self, m, s):
@@ -514,7 +518,7 @@ class SampleEngine(wiring.Component):
             if hasattr(s, "lfsr"):
                 m.d.comb += s.lfsr.step.eq(v2 & last2 & s.random)
         # after the walk: the selector, then the kept list
-        lj = Signal(range(bld.max_width + 1))
+        lj = Signal(range(bld.max_width + 2))        # to N + 1, past the last channel
         lj_valid = Signal()
         jk = Signal(self.w_bits + 1)
         kept_bit = Signal()
@@ -837,7 +841,7 @@ class SampleEngine(wiring.Component):
         # the layer's bulk skips (SLU, ssProp), counted at its select phase, and the ssProp
         # keep count: products of two signals, on a serial multiplier (ember_hw.serial_mul)
         bk_max = bld.max_batch * bld.max_width
-        b_bits = max(bld.max_width, bld.max_batch, spec.KEEP_ONE).bit_length()
+        b_bits = dataflow.book_multiplier_bits(bld)
         m.submodules.book_mul = mul = SerialMultiplier(max(bk_max.bit_length(), 16), b_bits)
         bk = Signal(range(bk_max + 1))
         full = Signal(range(bk_max * bld.max_width + 1))

@@ -1,0 +1,420 @@
+"""The program check: engine v2's program memory checked before a command starts.
+
+Golden twin: ``ember.dataflow.verify_verdict`` (``verify`` with the check's name). The unit
+accepts exactly the programs it accepts and refuses the others naming the same phase and the
+same check of ``dataflow.VERIFY_CHECKS``, so that a hostile host's program is refused before
+anything on the device changes (docs/architecture.md, section 2b). The limits are
+``dataflow.limits(kind, build)``, the one table the core's loop nest takes too.
+
+It is built small, to sit beside the engine on an iCE40UP5K: the phase's words are read one
+a cycle through the program memory's read port, as they are needed (nothing but a phase's
+header fields and a generator's running sums is held), and one SerialMultiplier makes every
+product. Per generator the levels are walked innermost first with R = 0: the stride is
+``stride_i = delta_i + R`` (decode's recovery); at a level of effective bound n_i > 1 (the
+run-time levels at their largest, run_time_bounds) the product ``p = (n_i - 1) * stride_i``
+is added to R and to the reach above the base or below it, and the range is refused as soon
+as the reach leaves 0 .. limit - 1. The channel count of a select phase is multiplied up level
+by level and refused once it passes N; the kept channels' weight offset (N - 1) * K is one
+product per kept phase. The checks of a phase raise flags; at its end the first flag in
+verify's order is the verdict, so a range fault of one generator and a run-time stride of a
+later one are reported as verify reports them.
+
+Widths (why every register is narrow): while no range fault is found, the reach above and
+below the base stays in 0 .. limit - 1, and a product p >= limit is a range fault by itself
+(from any base in 0 .. limit - 1 it leaves the range), so the reach registers hold
+limit_bits + 1 bits and a sign. R is held exactly while -2**EXACT_BITS <= R < 2**EXACT_BITS (33: a
+delta is 32 bits, and this is the bits above EXACT_BITS all equal to the sign); past that
+it is *lost*, and then, by induction over the outer levels (R' = n R + (n - 1) delta with
+n >= 1 and |delta| <= 2**31), |R| stays >= 2**33, so every stride outside is nonzero and
+above every limit (< 2**32): a run-time level's stride is not 0 and a counting level is out
+of range, which is what verify finds with exact integers.
+
+Timing: ``cycles = 2 + sum over the phases checked of (86 + 17 * products)`` from the start
+cycle to the done cycle, products being the phase's multiplications: a select phase's outer
+bounds other than 1 (until the count passes N), each generator's levels with an effective
+bound of 2 or more and a nonzero stride (while its R is exact, a range fault or not: a later
+run-time level's stride needs R), and a kept phase's (N - 1) * K (unless a range fault came
+first). 86 = 3 header cycles + 2 per level's bound + 4 generators x (2 for the base + 3 per
+level + 1) + 1 verdict; 17 = the multiplier's start and its 16 steps. A phase refused by its
+header, kept list or bounds ends after its bounds; the end phase takes 2. Any program: at
+most 2 + 511 cycles per phase (86 + 17 x 25 products).
+"""
+
+from amaranth import Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ember import dataflow, spec
+from ember.program import BOUND_BITS, Nest
+
+from .serial_mul import SerialMultiplier
+
+#: R (the sum of the inner levels' products of a generator) is held exactly while in
+#: -2**EXACT_BITS .. 2**EXACT_BITS - 1 (module docstring: a lost R is at least this large).
+EXACT_BITS = spec.BUS_DATA_BITS + 1
+#: The flags of a phase's checks, in verify's order (VERIFY_CHECKS after "end" and "kind").
+PHASE_CHECKS = dataflow.VERIFY_CHECKS[2:]
+CHECK_INDEX = {name: i + 1 for i, name in enumerate(dataflow.VERIFY_CHECKS)}
+
+
+def run_time_levels(kind):
+    """dict level -> what the core bounds it by at run time in a phase of `kind`
+    (dataflow.run_time_bounds): None for the kept count (at most the layer's N), else the
+    bound (PSG's passes)."""
+    levels = dataflow.LEVELS
+    probe = Nest((1,) * levels, {g: 0 for g in dataflow.GENERATORS},
+                 {g: (0,) * levels for g in dataflow.GENERATORS})
+    kept = -1                   # the select phase's N, seen in what run_time_bounds returns
+    select = dataflow.Phase("select", probe, outputs=kept)
+    return {level: None if bound == kept else bound
+            for level, bound in dataflow.run_time_bounds(dataflow.Phase(kind, probe),
+                                                         select).items()}
+
+
+class ProgramCheck(wiring.Component):
+    """Checks engine v2's program memory against `build` (module docstring).
+
+    build: spec.Build -- its memory sizes (dataflow.limits), lanes, widest layer and layers.
+
+    Ports (sync domain):
+
+      start:   In(1) -- check the program memory from word 0 (ignored while busy).
+      rd_addr: Out(ceil_log2(dataflow.PROGRAM_WORDS)) -- the program word to read;
+      rd_data: In(32) -- the word at the rd_addr of the cycle before (a synchronous read
+               port).
+      busy:    Out(1) -- from the cycle after start until done (the done cycle included).
+      done:    Out(1) -- one cycle: the verdict.
+      ok:      Out(1) -- with done: dataflow.verify_verdict would return None.
+      check:   Out -- with done: 0 if ok, else 1 + the index in dataflow.VERIFY_CHECKS of
+               the failed check.
+      phase:   Out -- with done and not ok: the failing phase's index.
+    """
+
+    def __init__(self, build):
+        self.build = build
+        self.limits = {kind: dataflow.limits(kind, build) for kind in dataflow.ADDRESSED}
+        largest = max(max(lim.values()) for lim in self.limits.values())
+        # a lost R's strides are at least 2**EXACT_BITS - 2**31 (module docstring)
+        if largest >= 1 << spec.BUS_DATA_BITS:
+            raise ValueError(f"a limit of {largest} does not fit {spec.BUS_DATA_BITS} bits")
+        self.limit_bits = largest.bit_length()
+        super().__init__({
+            "start": In(1),
+            "rd_addr": Out(ceil_log2(dataflow.PROGRAM_WORDS)),
+            "rd_data": In(spec.BUS_DATA_BITS),
+            "busy": Out(1),
+            "done": Out(1),
+            "ok": Out(1),
+            "check": Out(range(len(dataflow.VERIFY_CHECKS) + 1)),
+            "phase": Out(range(dataflow.PROGRAM_WORDS // dataflow.PHASE_WORDS + 1)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bld = self.build
+        LEVELS, INNER = dataflow.LEVELS, dataflow.INNER
+        GENS = dataflow.GENERATORS
+        KINDS = dataflow.KINDS
+        kept_kinds = [KINDS[k] for k in dataflow.KEPT_LEVEL]
+        LB = self.limit_bits
+
+        m.submodules.mul = mul = SerialMultiplier(EXACT_BITS + 1, BOUND_BITS)
+
+        def field(name):
+            _, off, width = dataflow.HEADER_FIELDS[name]
+            return self.rd_data[off:off + width]
+
+        def at_least(value, limit):
+            # value >= limit with limit < 2**LB: the bits above LB ORed, LB bits compared
+            return (value[LB:] != 0) | (value[:LB] >= limit)
+
+        def bound_at(level):
+            # level i's bound in the bound word the read of the cycle before brought
+            return Mux(level[0], self.rd_data[BOUND_BITS:2 * BOUND_BITS],
+                       self.rd_data[:BOUND_BITS])
+
+        # -------- the program walk and the phase's header
+        at = Signal(range(dataflow.PROGRAM_WORDS + dataflow.PHASE_WORDS))
+        index = Signal.like(self.phase)
+        kind = Signal(dataflow.HEADER_FIELDS["kind"][2])
+        layer = Signal(range(bld.max_layers))
+        inputs = Signal(range(bld.max_width + 1))
+        outputs = Signal(range(bld.max_width + 1))
+        # the last select phase's (the kept list's) layer and shape
+        select_valid = Signal()
+        select_layer = Signal.like(layer)
+        select_inputs = Signal.like(inputs)
+        select_outputs = Signal.like(outputs)
+        faults = Signal(len(PHASE_CHECKS))
+        flag = {name: faults[i] for i, name in enumerate(PHASE_CHECKS)}
+
+        # -------- the level walk: a bound pass, then per generator innermost first
+        level = Signal(range(LEVELS))
+        gen = Signal(range(len(GENS)))
+        gen_at = Signal.like(at)            # the word of the generator's base
+        channels = Signal(range(bld.max_width + 1))
+        bound = Signal(BOUND_BITS)          # the effective bound of the level
+        R = Signal(signed(EXACT_BITS + 1))
+        lost = Signal()
+        stride_negative = Signal()
+        hi = Signal(LB + 1)                 # base + the positive reach
+        lo = Signal(signed(LB + 2))         # base + the negative reach
+
+        addr = Signal.like(at)
+        m.d.comb += [self.rd_addr.eq(addr), self.phase.eq(index)]
+
+        kind_known = Signal()
+        m.d.comb += kind_known.eq(0)
+        with m.Switch(field("kind")):
+            for code in dataflow.KIND_NAMES:
+                with m.Case(code):
+                    m.d.comb += kind_known.eq(1)
+        is_kept = Signal()
+        m.d.comb += is_kept.eq(0)
+        with m.Switch(kind):
+            for code in kept_kinds:
+                with m.Case(code):
+                    m.d.comb += is_kept.eq(1)
+
+        # what the core bounds at run time: whether the level is one, and its largest bound
+        run_time = Signal()
+        run_time_bound = Signal(BOUND_BITS)
+        m.d.comb += [run_time.eq(0), run_time_bound.eq(0)]
+        with m.Switch(kind):
+            for name, code in KINDS.items():
+                if name == "end" or not run_time_levels(name):
+                    continue
+                with m.Case(code):
+                    for lv, most in run_time_levels(name).items():
+                        with m.If(level == lv):
+                            m.d.comb += [run_time.eq(1),
+                                         run_time_bound.eq(outputs if most is None else most)]
+
+        # the generator's limit and the offset derived_reach adds to its top
+        limit = Signal(LB)
+        offset = Signal(range(max(bld.max_width, bld.lanes) + 1))
+        m.d.comb += [limit.eq(0), offset.eq(0)]
+        with m.Switch(kind):
+            for name, code in KINDS.items():
+                if name == "end":
+                    continue
+                with m.Case(code):
+                    with m.Switch(gen):
+                        for g_i, g in enumerate(GENS):
+                            with m.Case(g_i):
+                                m.d.comb += limit.eq(self.limits[name][g])
+                                # derived_reach: the kept channel's dY word g + (N - 1), the
+                                # dX drain's o + (P - 1), the loss unit's a + (N - 1); the kept
+                                # weight w + (N - 1) * K is a product (KEPT_WEIGHTS)
+                                if name in dataflow.KEPT_LEVEL and g == "g":
+                                    m.d.comb += offset.eq(outputs - 1)
+                                if name == "input_grad" and g == "o":
+                                    m.d.comb += offset.eq(bld.lanes - 1)
+                                if name == "loss" and g == "a":
+                                    m.d.comb += offset.eq(outputs - 1)
+
+        stride = Signal(signed(EXACT_BITS + 2))
+        stride_size = Signal(EXACT_BITS + 1)
+        m.d.comb += [stride.eq(self.rd_data.as_signed() + R),
+                     stride_size.eq(Mux(stride < 0, -stride, stride))]
+        summed = Signal(signed(EXACT_BITS + 3))         # R with the product added
+        m.d.comb += summed.eq(Mux(stride_negative, R - mul.product, R + mul.product))
+        reach = mul.product[:LB]                        # when below the limit
+        hi_next = Signal.like(hi)
+        lo_next = Signal.like(lo)
+        m.d.comb += [hi_next.eq(hi + reach), lo_next.eq(lo - reach)]
+
+        def verdict(check):
+            m.d.comb += [self.done.eq(1), self.ok.eq(check is None),
+                         self.check.eq(0 if check is None else CHECK_INDEX[check])]
+
+        def next_bound_level(bound_fault=False):
+            # bound_fault: the bound check's flag as it is set in this cycle
+            with m.If(level == INNER):
+                with m.If(flag["header"] | flag["kept_list"] | flag["bound"] | bound_fault):
+                    m.next = "VERDICT"
+                with m.Else():
+                    m.d.sync += [gen.eq(0),
+                                 gen_at.eq(at + dataflow.HEADER_WORDS + dataflow.BOUND_WORDS)]
+                    m.next = "BASE_ADDR"
+            with m.Else():
+                m.d.sync += level.eq(level + 1)
+                m.next = "BOUND_ADDR"
+
+        def next_level():
+            with m.If(level == 0):
+                m.next = "GEN_END"
+            with m.Else():
+                m.d.sync += level.eq(level - 1)
+                m.next = "STEP_BOUND_ADDR"
+
+        def next_gen():
+            with m.If(gen == len(GENS) - 1):
+                m.next = "VERDICT"
+            with m.Else():
+                m.d.sync += [gen.eq(gen + 1), gen_at.eq(gen_at + 1 + LEVELS)]
+                m.next = "BASE_ADDR"
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [at.eq(0), index.eq(0), select_valid.eq(0)]
+                    m.next = "HEADER"
+            with m.State("HEADER"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(index > (dataflow.PROGRAM_WORDS - dataflow.HEADER_WORDS)
+                          // dataflow.PHASE_WORDS):
+                    verdict("end")
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.comb += addr.eq(at)
+                    m.next = "KIND"
+            with m.State("KIND"):
+                # header word 0: kind, tail, shift, layer
+                m.d.comb += [self.busy.eq(1), addr.eq(at + 1)]
+                with m.If(~kind_known):
+                    verdict("kind")
+                    m.next = "IDLE"
+                with m.Elif(field("kind") == KINDS["end"]):
+                    verdict(None)
+                    m.next = "IDLE"
+                with m.Elif(index > (dataflow.PROGRAM_WORDS - dataflow.PHASE_WORDS)
+                            // dataflow.PHASE_WORDS):
+                    verdict("end")
+                    m.next = "IDLE"
+                with m.Else():
+                    tail = field("tail")
+                    header = ((tail < 1) | (tail > bld.lanes)
+                              | (field("shift") > spec.FORWARD_SHIFT_MAX)
+                              | (field("layer") >= bld.max_layers))
+                    m.d.sync += [kind.eq(field("kind")), layer.eq(field("layer")),
+                                 faults.eq(Mux(header, 1 << PHASE_CHECKS.index("header"), 0))]
+                    m.next = "SHAPE"
+            with m.State("SHAPE"):
+                # header word 1: outputs, inputs
+                m.d.comb += self.busy.eq(1)
+                n, k = field("outputs"), field("inputs")
+                needs_one = (kind == KINDS["loss"]) | (kind == KINDS["select"])
+                header = (n > bld.max_width) | (k > bld.max_width) | (needs_one & (n == 0))
+                stale = ~select_valid | (layer != select_layer) | (k != select_inputs) \
+                    | (n != select_outputs)
+                m.d.sync += [flag["header"].eq(flag["header"] | header),
+                             flag["kept_list"].eq(is_kept & stale),
+                             outputs.eq(n), inputs.eq(k), channels.eq(1), level.eq(0)]
+                m.next = "BOUND_ADDR"
+            with m.State("BOUND_ADDR"):
+                m.d.comb += [self.busy.eq(1),
+                             addr.eq(at + dataflow.HEADER_WORDS + (level >> 1))]
+                m.next = "BOUND"
+            with m.State("BOUND"):
+                # the bound check; a select phase's channels: its outer bounds' product
+                m.d.comb += self.busy.eq(1)
+                n = bound_at(level)
+                zero = ~run_time & (n == 0)
+                with m.If(zero):
+                    m.d.sync += flag["bound"].eq(1)
+                with m.If((kind == KINDS["select"]) & (level != INNER) & ~flag["channel"]
+                          & (n != 1)):
+                    m.d.comb += [mul.a.eq(channels), mul.b.eq(n), mul.start.eq(1)]
+                    m.next = "CHANNEL_PRODUCT"
+                with m.Else():
+                    next_bound_level(zero)
+            with m.State("CHANNEL_PRODUCT"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(mul.done):
+                    with m.If((mul.product[len(outputs):] != 0)
+                              | (mul.product[:len(outputs)] > outputs)):
+                        m.d.sync += flag["channel"].eq(1)
+                    with m.Else():
+                        m.d.sync += channels.eq(mul.product)
+                    next_bound_level()
+            with m.State("BASE_ADDR"):
+                m.d.comb += [self.busy.eq(1), addr.eq(gen_at)]
+                m.next = "BASE"
+            with m.State("BASE"):
+                # the base, compared full width
+                m.d.comb += self.busy.eq(1)
+                with m.If(at_least(self.rd_data, limit)):
+                    m.d.sync += flag["range"].eq(1)
+                m.d.sync += [hi.eq(self.rd_data), lo.eq(self.rd_data), R.eq(0), lost.eq(0),
+                             level.eq(INNER)]
+                m.next = "STEP_BOUND_ADDR"
+            with m.State("STEP_BOUND_ADDR"):
+                m.d.comb += [self.busy.eq(1),
+                             addr.eq(at + dataflow.HEADER_WORDS + (level >> 1))]
+                m.next = "STEP_DELTA_ADDR"
+            with m.State("STEP_DELTA_ADDR"):
+                m.d.comb += [self.busy.eq(1), addr.eq(gen_at + 1 + level)]
+                m.d.sync += bound.eq(Mux(run_time, run_time_bound, bound_at(level)))
+                m.next = "STRIDE"
+            with m.State("STRIDE"):
+                # the delta arrives: stride_i = delta_i + R
+                m.d.comb += self.busy.eq(1)
+                counts = bound > 1
+                with m.If(run_time & (level != 0) & (lost | (stride != 0))):
+                    m.d.sync += flag["run_time_stride"].eq(1)
+                # |stride| >= limit at a counting level: the reach (n - 1) * stride alone
+                # leaves 0 .. limit - 1 from any base in it (and a base outside is refused)
+                with m.If(counts & (lost | at_least(stride_size, limit))):
+                    m.d.sync += flag["range"].eq(1)
+                m.d.sync += stride_negative.eq(stride < 0)
+                with m.If(counts & ~lost & (stride != 0)):
+                    m.d.comb += [mul.a.eq(stride_size), mul.b.eq(bound - 1), mul.start.eq(1)]
+                    m.next = "PRODUCT"
+                with m.Else():
+                    next_level()
+            with m.State("PRODUCT"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(mul.done):
+                    with m.If((mul.product >> (EXACT_BITS + 1)) != 0):
+                        m.d.sync += lost.eq(1)
+                    with m.Elif((summed[EXACT_BITS:] != 0)
+                                & (summed[EXACT_BITS:] != (1 << len(summed) - EXACT_BITS) - 1)):
+                        m.d.sync += lost.eq(1)
+                    with m.Else():
+                        m.d.sync += R.eq(summed)
+                    with m.If(~flag["range"] & at_least(mul.product, limit)):
+                        m.d.sync += flag["range"].eq(1)
+                    with m.Elif(~flag["range"]):
+                        with m.If(stride_negative):
+                            m.d.sync += lo.eq(lo_next)
+                            with m.If(lo_next < 0):
+                                m.d.sync += flag["range"].eq(1)
+                        with m.Else():
+                            m.d.sync += hi.eq(hi_next)
+                            with m.If(at_least(hi_next, limit)):
+                                m.d.sync += flag["range"].eq(1)
+                    next_level()
+            with m.State("GEN_END"):
+                # the derived addresses from the generator's top (only with its range inside)
+                m.d.comb += self.busy.eq(1)
+                with m.If(is_kept & (gen == GENS.index("w")) & ~flag["range"]):
+                    m.d.comb += [mul.a.eq(inputs), mul.b.eq(outputs - 1), mul.start.eq(1)]
+                    m.next = "KEPT_WEIGHTS"
+                with m.Else():
+                    with m.If(~flag["range"] & at_least(hi + offset, limit)):
+                        m.d.sync += flag["derived"].eq(1)
+                    next_gen()
+            with m.State("KEPT_WEIGHTS"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(mul.done):
+                    with m.If(at_least(hi + mul.product, limit)):
+                        m.d.sync += flag["derived"].eq(1)
+                    next_gen()
+            with m.State("VERDICT"):
+                # the first flag in verify's order
+                m.d.comb += self.busy.eq(1)
+                with m.If(faults != 0):
+                    for i, name in enumerate(PHASE_CHECKS):
+                        cond = faults[i] if i == 0 else faults[i] & (faults[:i] == 0)
+                        with m.If(cond):
+                            verdict(name)
+                    m.next = "IDLE"
+                with m.Else():
+                    with m.If(kind == KINDS["select"]):
+                        m.d.sync += [select_valid.eq(1), select_layer.eq(layer),
+                                     select_inputs.eq(inputs), select_outputs.eq(outputs)]
+                    m.d.sync += [at.eq(at + dataflow.PHASE_WORDS), index.eq(index + 1)]
+                    m.next = "HEADER"
+        return m
