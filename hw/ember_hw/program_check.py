@@ -110,63 +110,18 @@ class ProgramCheck(wiring.Component):
             "phase": Out(range(dataflow.PROGRAM_WORDS // dataflow.PHASE_WORDS + 1)),
         })
 
-    def elaborate(self, platform):
-        m = Module()
+    def _kind_tables(self, m, kind_field, kind, level, gen, outputs):
+        """What the phase's kind decides, as signals: whether the header's kind is known,
+        whether the phase is a kept one, whether `level` is bounded at run time and by what,
+        and generator `gen`'s limit and the offset derived_reach adds to its top."""
         bld = self.build
-        LEVELS, INNER = dataflow.LEVELS, dataflow.INNER
-        GENS = dataflow.GENERATORS
         KINDS = dataflow.KINDS
+        GENS = dataflow.GENERATORS
         kept_kinds = [KINDS[k] for k in dataflow.KEPT_LEVEL]
         LB = self.limit_bits
-
-        m.submodules.mul = mul = SerialMultiplier(EXACT_BITS + 1, BOUND_BITS)
-
-        def field(name):
-            _, off, width = dataflow.HEADER_FIELDS[name]
-            return self.rd_data[off:off + width]
-
-        def at_least(value, limit):
-            # value >= limit with limit < 2**LB: the bits above LB ORed, LB bits compared
-            return (value[LB:] != 0) | (value[:LB] >= limit)
-
-        def bound_at(level):
-            # level i's bound in the bound word the read of the cycle before brought
-            return Mux(level[0], self.rd_data[BOUND_BITS:2 * BOUND_BITS],
-                       self.rd_data[:BOUND_BITS])
-
-        # -------- the program walk and the phase's header
-        at = Signal(range(dataflow.PROGRAM_WORDS + dataflow.PHASE_WORDS))
-        index = Signal.like(self.phase)
-        kind = Signal(dataflow.HEADER_FIELDS["kind"][2])
-        layer = Signal(range(bld.max_layers))
-        inputs = Signal(range(bld.max_width + 1))
-        outputs = Signal(range(bld.max_width + 1))
-        # the last select phase's (the kept list's) layer and shape
-        select_valid = Signal()
-        select_layer = Signal.like(layer)
-        select_inputs = Signal.like(inputs)
-        select_outputs = Signal.like(outputs)
-        faults = Signal(len(PHASE_CHECKS))
-        flag = {name: faults[i] for i, name in enumerate(PHASE_CHECKS)}
-
-        # -------- the level walk: a bound pass, then per generator innermost first
-        level = Signal(range(LEVELS))
-        gen = Signal(range(len(GENS)))
-        gen_at = Signal.like(at)            # the word of the generator's base
-        channels = Signal(range(bld.max_width + 1))
-        bound = Signal(BOUND_BITS)          # the effective bound of the level
-        R = Signal(signed(EXACT_BITS + 1))
-        lost = Signal()
-        stride_negative = Signal()
-        hi = Signal(LB + 1)                 # base + the positive reach
-        lo = Signal(signed(LB + 2))         # base + the negative reach
-
-        addr = Signal.like(at)
-        m.d.comb += [self.rd_addr.eq(addr), self.phase.eq(index)]
-
         kind_known = Signal()
         m.d.comb += kind_known.eq(0)
-        with m.Switch(field("kind")):
+        with m.Switch(kind_field):
             for code in dataflow.KIND_NAMES:
                 with m.Case(code):
                     m.d.comb += kind_known.eq(1)
@@ -213,6 +168,65 @@ class ProgramCheck(wiring.Component):
                                     m.d.comb += offset.eq(bld.lanes - 1)
                                 if name == "loss" and g == "a":
                                     m.d.comb += offset.eq(outputs - 1)
+
+        return kind_known, is_kept, run_time, run_time_bound, limit, offset
+
+    def _field(self, name):
+        """Header field `name` of the word the read of the cycle before brought."""
+        _, off, width = dataflow.HEADER_FIELDS[name]
+        return self.rd_data[off:off + width]
+
+    def _at_least(self, value, limit):
+        """value >= limit with limit < 2**limit_bits: the bits above ORed, the rest compared."""
+        LB = self.limit_bits
+        return (value[LB:] != 0) | (value[:LB] >= limit)
+
+    def _bound_at(self, level):
+        """Level `level`'s bound in the bound word the read of the cycle before brought."""
+        return Mux(level[0], self.rd_data[BOUND_BITS:2 * BOUND_BITS], self.rd_data[:BOUND_BITS])
+
+    def elaborate(self, platform):
+        m = Module()
+        bld = self.build
+        LEVELS, INNER = dataflow.LEVELS, dataflow.INNER
+        GENS = dataflow.GENERATORS
+        KINDS = dataflow.KINDS
+        LB = self.limit_bits
+
+        m.submodules.mul = mul = SerialMultiplier(EXACT_BITS + 1, BOUND_BITS)
+
+        # -------- the program walk and the phase's header
+        at = Signal(range(dataflow.PROGRAM_WORDS + dataflow.PHASE_WORDS))
+        index = Signal.like(self.phase)
+        kind = Signal(dataflow.HEADER_FIELDS["kind"][2])
+        layer = Signal(range(bld.max_layers))
+        inputs = Signal(range(bld.max_width + 1))
+        outputs = Signal(range(bld.max_width + 1))
+        # the last select phase's (the kept list's) layer and shape
+        select_valid = Signal()
+        select_layer = Signal.like(layer)
+        select_inputs = Signal.like(inputs)
+        select_outputs = Signal.like(outputs)
+        faults = Signal(len(PHASE_CHECKS))
+        flag = {name: faults[i] for i, name in enumerate(PHASE_CHECKS)}
+
+        # -------- the level walk: a bound pass, then per generator innermost first
+        level = Signal(range(LEVELS))
+        gen = Signal(range(len(GENS)))
+        gen_at = Signal.like(at)            # the word of the generator's base
+        channels = Signal(range(bld.max_width + 1))
+        bound = Signal(BOUND_BITS)          # the effective bound of the level
+        R = Signal(signed(EXACT_BITS + 1))
+        lost = Signal()
+        stride_negative = Signal()
+        hi = Signal(LB + 1)                 # base + the positive reach
+        lo = Signal(signed(LB + 2))         # base + the negative reach
+
+        addr = Signal.like(at)
+        m.d.comb += [self.rd_addr.eq(addr), self.phase.eq(index)]
+
+        kind_known, is_kept, run_time, run_time_bound, limit, offset = self._kind_tables(
+            m, self._field("kind"), kind, level, gen, outputs)
 
         stride = Signal(signed(EXACT_BITS + 2))
         stride_size = Signal(EXACT_BITS + 1)
@@ -276,7 +290,7 @@ class ProgramCheck(wiring.Component):
                 with m.If(~kind_known):
                     verdict("kind")
                     m.next = "IDLE"
-                with m.Elif(field("kind") == KINDS["end"]):
+                with m.Elif(self._field("kind") == KINDS["end"]):
                     verdict(None)
                     m.next = "IDLE"
                 with m.Elif(index > (dataflow.PROGRAM_WORDS - dataflow.PHASE_WORDS)
@@ -284,17 +298,17 @@ class ProgramCheck(wiring.Component):
                     verdict("end")
                     m.next = "IDLE"
                 with m.Else():
-                    tail = field("tail")
+                    tail = self._field("tail")
                     header = ((tail < 1) | (tail > bld.lanes)
-                              | (field("shift") > spec.FORWARD_SHIFT_MAX)
-                              | (field("layer") >= bld.max_layers))
-                    m.d.sync += [kind.eq(field("kind")), layer.eq(field("layer")),
+                              | (self._field("shift") > spec.FORWARD_SHIFT_MAX)
+                              | (self._field("layer") >= bld.max_layers))
+                    m.d.sync += [kind.eq(self._field("kind")), layer.eq(self._field("layer")),
                                  faults.eq(Mux(header, 1 << PHASE_CHECKS.index("header"), 0))]
                     m.next = "SHAPE"
             with m.State("SHAPE"):
                 # header word 1: outputs, inputs
                 m.d.comb += self.busy.eq(1)
-                n, k = field("outputs"), field("inputs")
+                n, k = self._field("outputs"), self._field("inputs")
                 needs_one = (kind == KINDS["loss"]) | (kind == KINDS["select"])
                 header = (n > bld.max_width) | (k > bld.max_width) | (needs_one & (n == 0))
                 stale = ~select_valid | (layer != select_layer) | (k != select_inputs) \
@@ -310,7 +324,7 @@ class ProgramCheck(wiring.Component):
             with m.State("BOUND"):
                 # the bound check; a select phase's channels: its outer bounds' product
                 m.d.comb += self.busy.eq(1)
-                n = bound_at(level)
+                n = self._bound_at(level)
                 zero = ~run_time & (n == 0)
                 with m.If(zero):
                     m.d.sync += flag["bound"].eq(1)
@@ -335,7 +349,7 @@ class ProgramCheck(wiring.Component):
             with m.State("BASE"):
                 # the base, compared full width
                 m.d.comb += self.busy.eq(1)
-                with m.If(at_least(self.rd_data, limit)):
+                with m.If(self._at_least(self.rd_data, limit)):
                     m.d.sync += flag["range"].eq(1)
                 m.d.sync += [hi.eq(self.rd_data), lo.eq(self.rd_data), R.eq(0), lost.eq(0),
                              level.eq(INNER)]
@@ -346,7 +360,7 @@ class ProgramCheck(wiring.Component):
                 m.next = "STEP_DELTA_ADDR"
             with m.State("STEP_DELTA_ADDR"):
                 m.d.comb += [self.busy.eq(1), addr.eq(gen_at + 1 + level)]
-                m.d.sync += bound.eq(Mux(run_time, run_time_bound, bound_at(level)))
+                m.d.sync += bound.eq(Mux(run_time, run_time_bound, self._bound_at(level)))
                 m.next = "STRIDE"
             with m.State("STRIDE"):
                 # the delta arrives: stride_i = delta_i + R
@@ -356,7 +370,7 @@ class ProgramCheck(wiring.Component):
                     m.d.sync += flag["run_time_stride"].eq(1)
                 # |stride| >= limit at a counting level: the reach (n - 1) * stride alone
                 # leaves 0 .. limit - 1 from any base in it (and a base outside is refused)
-                with m.If(counts & (lost | at_least(stride_size, limit))):
+                with m.If(counts & (lost | self._at_least(stride_size, limit))):
                     m.d.sync += flag["range"].eq(1)
                 m.d.sync += stride_negative.eq(stride < 0)
                 with m.If(counts & ~lost & (stride != 0)):
@@ -374,7 +388,7 @@ class ProgramCheck(wiring.Component):
                         m.d.sync += lost.eq(1)
                     with m.Else():
                         m.d.sync += R.eq(summed)
-                    with m.If(~flag["range"] & at_least(mul.product, limit)):
+                    with m.If(~flag["range"] & self._at_least(mul.product, limit)):
                         m.d.sync += flag["range"].eq(1)
                     with m.Elif(~flag["range"]):
                         with m.If(stride_negative):
@@ -383,7 +397,7 @@ class ProgramCheck(wiring.Component):
                                 m.d.sync += flag["range"].eq(1)
                         with m.Else():
                             m.d.sync += hi.eq(hi_next)
-                            with m.If(at_least(hi_next, limit)):
+                            with m.If(self._at_least(hi_next, limit)):
                                 m.d.sync += flag["range"].eq(1)
                     next_level()
             with m.State("GEN_END"):
@@ -393,13 +407,13 @@ class ProgramCheck(wiring.Component):
                     m.d.comb += [mul.a.eq(inputs), mul.b.eq(outputs - 1), mul.start.eq(1)]
                     m.next = "KEPT_WEIGHTS"
                 with m.Else():
-                    with m.If(~flag["range"] & at_least(hi + offset, limit)):
+                    with m.If(~flag["range"] & self._at_least(hi + offset, limit)):
                         m.d.sync += flag["derived"].eq(1)
                     next_gen()
             with m.State("KEPT_WEIGHTS"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(mul.done):
-                    with m.If(at_least(hi + mul.product, limit)):
+                    with m.If(self._at_least(hi + mul.product, limit)):
                         m.d.sync += flag["derived"].eq(1)
                     next_gen()
             with m.State("VERDICT"):

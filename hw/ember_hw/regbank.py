@@ -146,6 +146,33 @@ class RegisterBank(wiring.Component):
         feature = self.settings_table[name].feature
         return feature is None or feature in self.build.features
 
+    def _range_checks(self, m):
+        """The range checks of written words: a function of a Setting that is high when
+        w_data is in its lo..hi. "The bits from b up are zero" for each register width b, as
+        one chain from the widest down (a few LUTs, not a 32-bit comparator per register),
+        then a compare of the low b bits where lo..hi is not 0..2**b - 1."""
+        widths = sorted({t.bits for t in (*self.settings_table.values(),
+                                          *self.fields.values())}, reverse=True)
+        zero_from = {}
+        above = Const(1)
+        top = spec.BUS_DATA_BITS
+        for b in widths:
+            zero_from[b] = Signal(name=f"zero_from_{b}")
+            m.d.comb += zero_from[b].eq(above & (self.w_data[b:top] == 0))
+            above, top = zero_from[b], b
+
+        def in_range(t):
+            ok = zero_from[t.bits]
+            low = self.w_data[:t.bits]
+            if t.hi != (1 << t.bits) - 1:
+                ok = ok & (low <= t.hi)
+            if t.lo == 1:
+                ok = ok & (low != 0)
+            elif t.lo != 0:
+                ok = ok & (low >= t.lo)
+            return ok
+        return in_range
+
     def elaborate(self, platform):
         m = Module()
         reg_off = self.addr[:REG_OFFSET_BITS]
@@ -211,29 +238,7 @@ class RegisterBank(wiring.Component):
         m.d.comb += labels_ok.eq(Cat(labels_written[w] | (w >= label_words_needed)
                                      for w in range(self.label_words)).all())
 
-        # range checks of written words: "the bits from b up are zero" for each register
-        # width b, as one chain from the widest down (a few LUTs, not a 32-bit comparator
-        # per register), then a compare of the low b bits where lo..hi is not 0..2**b - 1
-        widths = sorted({t.bits for t in (*self.settings_table.values(),
-                                          *self.fields.values())}, reverse=True)
-        zero_from = {}
-        above = Const(1)
-        top = spec.BUS_DATA_BITS
-        for b in widths:
-            zero_from[b] = Signal(name=f"zero_from_{b}")
-            m.d.comb += zero_from[b].eq(above & (self.w_data[b:top] == 0))
-            above, top = zero_from[b], b
-
-        def in_range(t):
-            ok = zero_from[t.bits]
-            low = self.w_data[:t.bits]
-            if t.hi != (1 << t.bits) - 1:
-                ok = ok & (low <= t.hi)
-            if t.lo == 1:
-                ok = ok & (low != 0)
-            elif t.lo != 0:
-                ok = ok & (low >= t.lo)
-            return ok
+        in_range = self._range_checks(m)
 
         # CONTROL: a train or infer command is checked first (StepCheck); then registered
         # strobes, and the write's answer deferred to the command's end. REJECTED: the last
