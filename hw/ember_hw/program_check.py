@@ -223,6 +223,7 @@ class ProgramCheck(wiring.Component):
         lo = Signal(signed(LB + 2))         # base + the negative reach
 
         addr = Signal.like(at)
+        bound_word = at + dataflow.HEADER_WORDS + (level >> 1)     # the level's bound word
         m.d.comb += [self.rd_addr.eq(addr), self.phase.eq(index)]
 
         kind_known, is_kept, run_time, run_time_bound, limit, offset = self._kind_tables(
@@ -318,8 +319,7 @@ class ProgramCheck(wiring.Component):
                              outputs.eq(n), inputs.eq(k), channels.eq(1), level.eq(0)]
                 m.next = "BOUND_ADDR"
             with m.State("BOUND_ADDR"):
-                m.d.comb += [self.busy.eq(1),
-                             addr.eq(at + dataflow.HEADER_WORDS + (level >> 1))]
+                m.d.comb += [self.busy.eq(1), addr.eq(bound_word)]
                 m.next = "BOUND"
             with m.State("BOUND"):
                 # the bound check; a select phase's channels: its outer bounds' product
@@ -355,8 +355,7 @@ class ProgramCheck(wiring.Component):
                              level.eq(INNER)]
                 m.next = "STEP_BOUND_ADDR"
             with m.State("STEP_BOUND_ADDR"):
-                m.d.comb += [self.busy.eq(1),
-                             addr.eq(at + dataflow.HEADER_WORDS + (level >> 1))]
+                m.d.comb += [self.busy.eq(1), addr.eq(bound_word)]
                 m.next = "STEP_DELTA_ADDR"
             with m.State("STEP_DELTA_ADDR"):
                 m.d.comb += [self.busy.eq(1), addr.eq(gen_at + 1 + level)]
