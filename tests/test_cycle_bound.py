@@ -134,11 +134,11 @@ def test_bound_holds_on_random_shapes_and_settings(depth):
 
 
 def test_default_build_64_32_10():
-    """The sim build's 8 lanes on the digits network at batch 16: a dense step and an
+    """Engine v1 at the sim build's 8 lanes on the digits network at batch 16: a dense step and an
     e2train-like step (PSG with tau 0, an SLU mask that freezes the bottom layer). About
     20 s of the Amaranth simulator; inference (exact, like the dense step: tested on the
     SMALL build) or another step would take 5 to 10 s more."""
-    build, layers, batch = spec.DEFAULT_BUILD, [64, 32, 10], 16
+    build, layers, batch = spec.BUILDS["v1"], [64, 32, 10], 16
     commands = [(DENSE, 0.0),
                 (StepSettings(psg=True, update_mask=(False, True)), 0.5)]
     measured = run_commands(build, layers, batch, commands)

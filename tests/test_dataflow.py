@@ -144,13 +144,13 @@ def test_a_network_whose_program_does_not_fit_is_refused_before_it_is_written():
     """spec.check_network refuses, naming the words and the limit, a network whose largest
     program (relative PSG's phases, a partial last sample block) would not fit the program
     memory; where it fits, program_words_needed is that program's length."""
-    build = spec.BUILDS["v2"]
+    build = spec.BUILDS["sim"]
     shifts = [0] * 5
     fits = [16] * 6
     spec.check_network(fits, build, 13)
     words = dataflow.encode(dataflow.train_program(fits, build, 13, shifts, True), build)
     assert dataflow.program_words_needed(fits, build, 13) == len(words)
     assert dataflow.program_words_needed(fits, build) >= len(words)
-    with pytest.raises(spec.ConfigError, match=r"needs a program of 1191 words; build 'v2' "
+    with pytest.raises(spec.ConfigError, match=r"needs a program of 1191 words; build 'sim' "
                                                r"holds 1024"):
         spec.check_network([16] * 7, build, 13)

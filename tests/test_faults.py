@@ -191,8 +191,8 @@ def test_network_too_big_for_the_build(tmp_path, capsys):
     ckpt = tmp_path / "run.ckpt"
     assert run_cli("--layers", "64-512-10", "--checkpoint", str(ckpt)) == 2
     err = capsys.readouterr().err
-    # 8 lanes: 64 blocks x 64 inputs + 2 blocks x 512 inputs = 5120 words of 4096
-    assert "network [64, 512, 10] needs 5120 weight words; build 'sim' holds 4096" in err, err
+    # engine v2 at 8 lanes: (64 x 512 + 512 x 10) weights, 8 to a word = 4736 words of 4096
+    assert "network [64, 512, 10] needs 4736 weight words; build 'sim' holds 4096" in err, err
     assert not ckpt.exists()
 
 

@@ -13,11 +13,17 @@ def nk(layers):
     return [k * n for k, n in zip(layers[:-1], layers[1:])]
 
 
+@pytest.mark.parametrize("build", ["v1", "sim"])
 @pytest.mark.parametrize("layers", [[64, 32, 10], [37, 19, 7], [64, 48, 24, 10], [5, 3]])
-def test_dense_step_counts_closed_form(layers):
+@pytest.mark.parametrize("batch", [6, 13])
+def test_dense_step_counts_closed_form(layers, batch, build):
+    """A dense step's events in closed form. Engine v1 reads every weight once per sample in
+    the forward and input-gradient passes; engine v2 (the sim build, lanes over samples with
+    the weight broadcast) once per block of P samples (docs/energy.md). Both read each weight
+    once more for its update. v2's held dY reads (grad_lane_reads) are the executor's
+    (tests/test_dataflow.py), not a closed form."""
     rng = np.random.default_rng(len(layers))
-    batch = 6
-    m = make_model(layers)
+    m = make_model(layers, build=spec.BUILDS[build])
     x, y = random_batch(rng, layers, batch)
     m.train_batch(x, y, StepSettings())
     c, P = m.counters, m.build.lanes
@@ -27,12 +33,18 @@ def test_dense_step_counts_closed_form(layers):
     assert c["mac_input_grad"] == batch * sum(nk(layers)[1:])
     assert c["mac_weight_grad_low"] == 0
     assert all(c[f"skip_{r}"] == 0 for r in ("slu", "ssprop", "psg", "zero"))
-    assert c["weight_reads"] == 2 * batch * sum(nk(layers)) - batch * nk(layers)[0] + \
-        sum(nk(layers))
-    assert c["act_reads"] == 2 * batch * sum(b * k for b, k in zip(blocks, layers)) + \
-        batch * sum(layers[1:-1])
     assert c["act_writes"] == batch * sum(layers[:-1])
-    assert c["grad_lane_reads"] == batch * sum(nk(layers)) * 2 - batch * nk(layers)[0]
+    # a weight read per MAC step: per sample (v1) or per block of P samples (v2)
+    steps = batch if build == "v1" else -(-batch // P)
+    assert c["weight_reads"] == 2 * steps * sum(nk(layers)) - steps * nk(layers)[0] + \
+        sum(nk(layers))
+    if build == "v1":
+        assert c["act_reads"] == 2 * batch * sum(b * k for b, k in zip(blocks, layers)) + \
+            batch * sum(layers[1:-1])
+        assert c["grad_lane_reads"] == batch * sum(nk(layers)) * 2 - batch * nk(layers)[0]
+    else:
+        # each lane reads its own sample's activation for every weight it multiplies
+        assert c["act_reads"] == 2 * batch * sum(nk(layers)) + batch * sum(layers[1:-1])
     assert c["loss_elements"] == batch * layers[-1]
     assert c["batches"] == 1 and c["samples"] == batch
     assert golden.dense_macs_per_sample(layers) * batch == \
@@ -251,8 +263,13 @@ def test_bad_input_is_rejected_before_anything_changes():
 def test_network_too_big_names_the_limit():
     with pytest.raises(ConfigError, match="width 1 of .* is 2000; build 'sim' holds at most 1024"):
         spec.check_network([64, 2000, 10])
-    with pytest.raises(ConfigError, match=r"needs 16640 weight words; build 'sim' holds 4096 "
+    # engine v2: (1024 x 128 + 128 x 10) weights, 8 to a word
+    with pytest.raises(ConfigError, match=r"needs 16544 weight words; build 'sim' holds 4096 "
                                           r"\(lanes=8\)"):
         spec.check_network([1024, 128, 10])
+    # engine v1: 16 blocks x 1024 inputs + 2 blocks x 128 inputs
+    with pytest.raises(ConfigError, match=r"needs 16640 weight words; build 'v1' holds 4096 "
+                                          r"\(lanes=8\)"):
+        spec.check_network([1024, 128, 10], spec.BUILDS["v1"])
     with pytest.raises(ConfigError, match="activation bytes"):
         spec.check_network([64, 64, 64, 10], spec.BUILDS["icebreaker"], batch=16)

@@ -127,9 +127,9 @@ def test_command_check_matches_the_golden_check(build):
     assert seen == expected, sorted(expected - seen)
 
 
-@pytest.mark.parametrize("build, cycles", [(spec.BUILDS["sim"], 72), (ICEBREAKER, 89),
+@pytest.mark.parametrize("build, cycles", [(spec.BUILDS["v1"], 72), (ICEBREAKER, 89),
                                            (spec.BUILDS["icebreaker"], 2)],
-                         ids=["sim", "icebreaker_checked", "icebreaker"])
+                         ids=["v1", "icebreaker_checked", "icebreaker"])
 def test_check_cycles_for_the_digits_network(build, cycles):
     """The check's cost before a command starts (docs/protocol.md, section 8): 64-32-10 at
     batch 16, from the CONTROL write to its answer when the command itself takes no time.

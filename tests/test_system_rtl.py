@@ -62,9 +62,9 @@ def test_engine_rtl_matches_model(simulator):
 
 @pytest.mark.parametrize("simulator", rtl.simulator_params())
 def test_engine_v2_rtl_matches_model(simulator):
-    """Engine v2 (ember_hw.sample_core, the "v2" build) on the simulated board: the host
+    """Engine v2 (ember_hw.sample_core, the "sim" build) on the simulated board: the host
     writes each command's program, and the RTL answers as the model backend does."""
-    v2 = spec.BUILDS["v2"]
+    v2 = spec.BUILDS["sim"]
     rtl_matches_model(v2, simulator, np.random.default_rng(2027), max_batch=13)
 
 

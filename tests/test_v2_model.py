@@ -1,4 +1,4 @@
-"""Engine v2 on the model backend (spec.BUILDS["v2"], dataflow "samples"): the host compiles
+"""Engine v2 on the model backend (spec.BUILDS["sim"], dataflow "samples"): the host compiles
 and writes the program, lays the weights and the batch out as v2's memories hold them, and the
 virtual engine runs the program with the golden model. Same weights, predictions and correct
 counts as v1 on every step setting; v2's own event counts (the reads); a program the host
@@ -11,7 +11,8 @@ from ember import dataflow, golden, regmap, spec
 from ember.device import ModelDevice
 from ember.spec import ConfigError, StepSettings
 
-V2 = spec.BUILDS["v2"]
+V2 = spec.BUILDS["sim"]
+V1 = spec.BUILDS["v1"]
 LAYERS = [20, 12, 6]
 
 
@@ -35,7 +36,7 @@ def steps(rng, count):
 def test_v2_trains_as_v1_and_counts_its_own_reads(seed):
     rng = np.random.default_rng(seed)
     weights = golden.init_weights(LAYERS, seed)
-    devices = {name: ModelDevice(spec.BUILDS[name]) for name in ("sim", "v2")}
+    devices = {"v1": ModelDevice(V1), "v2": ModelDevice(V2)}
     g = golden.GoldenModel(V2)
     g.configure(LAYERS)
     g.load_weights(weights)
@@ -45,16 +46,16 @@ def test_v2_trains_as_v1_and_counts_its_own_reads(seed):
         dev.clear_counters()
     for x, y, st in steps(rng, 6):
         correct = {name: dev.train_batch(x, y, st) for name, dev in devices.items()}
-        assert correct["sim"] == correct["v2"] == g.train_batch(x, y, st)
+        assert correct["v1"] == correct["v2"] == g.train_batch(x, y, st)
     x = rng.integers(0, 256, (13, LAYERS[0]))
-    assert (devices["sim"].infer(x) == devices["v2"].infer(x)).all()
+    assert (devices["v1"].infer(x) == devices["v2"].infer(x)).all()
     g.infer(x)
-    for a, b in zip(devices["sim"].read_weights(), devices["v2"].read_weights()):
+    for a, b in zip(devices["v1"].read_weights(), devices["v2"].read_weights()):
         assert (a == b).all()
     counts = devices["v2"].read_counters()
     assert {k: counts[k] for k in spec.EXACT_COUNTERS if not k.startswith("link_")} == \
         {k: g.counters[k] for k in spec.EXACT_COUNTERS if not k.startswith("link_")}
-    assert counts["weight_reads"] < devices["sim"].read_counters()["weight_reads"]
+    assert counts["weight_reads"] < devices["v1"].read_counters()["weight_reads"]
 
 
 def test_v2_identifies_its_dataflow_and_writes_the_program_once_per_batch_size():
@@ -99,7 +100,7 @@ def test_a_v2_run_killed_mid_epoch_resumes_to_the_same_result(tmp_path, monkeypa
     is at every epoch's first batch after the evaluation's infer program)."""
     from ember import cli, trainer
     from test_checkpoint import RUN, KilledDevice, batches_sent, run_cli, without_wall
-    run = (*RUN, "--build", "v2")
+    run = (*RUN, "--build", "sim")
     straight = run_cli(tmp_path, *run, name="straight.json")
     ckpt = tmp_path / "run.ckpt"
     kill_at = batches_sent(straight, 2) + 5
@@ -111,4 +112,4 @@ def test_a_v2_run_killed_mid_epoch_resumes_to_the_same_result(tmp_path, monkeypa
     resumed = run_cli(tmp_path, *run, "--checkpoint", str(ckpt), "--resume", str(ckpt),
                       name="resumed.json")
     assert without_wall(resumed) == without_wall(straight)
-    assert resumed["build"]["build"] == "v2" and resumed["build"]["dataflow"] == "samples"
+    assert resumed["build"]["build"] == "sim" and resumed["build"]["dataflow"] == "samples"

@@ -347,7 +347,13 @@ class Build:
 
 
 BUILDS = {
-    "sim": Build(),
+    # The simulated board's build (`make train`, the CLI's default): engine v2
+    # (docs/architecture.md 2b, ember_hw.sample_core), 8 lanes over the samples of a batch with
+    # every unit, on the model backend and the simulated board.
+    "sim": Build(dataflow="samples"),
+    # Engine v1 (ember_hw.engine) at the sim build's sizes and units: the boards' engine until
+    # v2 takes them, kept on the model backend and the simulated board for v1's tests.
+    "v1": Build(name="v1"),
     # The UP5K's 5,280 logic cells set this build (docs/boards.md, "iCEBreaker"): two lanes
     # with their weights in two SPRAMs (2 x 16K words, 32K weights), layers up to 64 wide and
     # 3 deep, batches up to 16, and no PSG or ssProp units. 64-32-10 on digits needs 2,368
@@ -373,10 +379,6 @@ BUILDS = {
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=30_000_000, baud=3_000_000),
-    # engine v2 (docs/architecture.md 2b): the sim build's sizes and units with the
-    # sample-lane dataflow (ember_hw.sample_core), on the model backend and the simulated
-    # board; its watchdog's limit is ember.dataflow.command_cycle_bound's
-    "v2": Build(name="v2", dataflow="samples"),
 }
 DEFAULT_BUILD = BUILDS["sim"]
 #: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's

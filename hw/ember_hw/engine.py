@@ -81,7 +81,11 @@ class EngineCore(wiring.Component):
     optimized away.
     """
 
-    def __init__(self, build=spec.DEFAULT_BUILD):
+    def __init__(self, build=spec.BUILDS["v1"]):
+        if build.dataflow != "outputs":
+            raise spec.ConfigError(f"build '{build.name}' has dataflow {build.dataflow!r}: "
+                                   "EngineCore is engine v1 (dataflow 'outputs'); engine v2 "
+                                   "is ember_hw.sample_core.SampleCore")
         self.build = build
         self.wmem = WeightMemory(build.lanes, build.weight_words, spram=build.weight_spram)
         self.read_collision = Signal()

@@ -10,6 +10,7 @@ them); the core has no bus, so the testbench drives its write ports directly.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -130,7 +131,8 @@ def figures(build=spec.DEFAULT_BUILD, batch=32, layers=(64, 32, 10)):
                                             build),
                      layers, weights, batch, x)
     wall = time.perf_counter() - t
-    g = golden.GoldenModel(build)
+    # v1's reads: the golden model counting engine v1's dataflow on the same sizes
+    g = golden.GoldenModel(dataclasses.replace(build, dataflow="outputs"))
     g.configure(layers, shifts)
     g.load_weights(weights)
     g.train_batch(x, y, spec.StepSettings())
@@ -168,7 +170,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     build = spec.BUILDS[args.build]
     if args.lanes:
-        import dataclasses
         build = dataclasses.replace(build, lanes=args.lanes,
                                     weight_words=build.weight_words * build.lanes // args.lanes)
     out = figures(build, args.batch)
