@@ -27,7 +27,8 @@ from .build import _yosys_cells, _yowasp_environment
 from .common import read_collision_script
 
 FAMILIES = {"ice40": "synth_ice40 -dsp -top top", "ecp5": "synth_ecp5 -top top"}
-DEFAULT_FAMILY = {"icebreaker": "ice40", "tiny": "ice40", "ulx3s": "ecp5", "sim": "ecp5"}
+DEFAULT_FAMILY = {"icebreaker": "ice40", "tiny": "ice40", "ulx3s": "ecp5", "sim": "ecp5",
+                  "v1": "ecp5"}
 
 
 #: The engine cores: v1's EngineCore, and engine v2's core (ember_hw.sample_engine, not yet
@@ -80,7 +81,7 @@ def core_rtlil(build, core="v1"):
     if core == "v2":
         return rtlil.convert(_v2_counted(build), name="top")
     from ember_hw.engine import EngineCore
-    return rtlil.convert(EngineCore(build), name="top")
+    return rtlil.convert(EngineCore(dataclasses.replace(build, dataflow="outputs")), name="top")
 
 
 def synthesize(build, family, core="v1"):
