@@ -2,19 +2,26 @@
 in minutes instead of a full place and route.
 
     python -m ember_boards.area --build icebreaker [--family ice40] [--features zero_skip,slu]
-                                [--json out.json]
+                                [--core v1|v2|v2-top] [--per-module] [--json out.json]
 
 Converts ``EngineCore(spec.BUILDS[build])`` to RTLIL, runs ``synth_ice40 -dsp`` (or
 ``synth_ecp5``) on YoWASP Yosys, after the board builds' ``common.read_collision_script``, and
 prints the cell counts of the flattened design (SB_LUT4, SB_CARRY, SB_DFF*, SB_MAC16,
 SB_RAM40_4K, SB_SPRAM256KA; or LUT4, CCU2C, TRELLIS_FF, MULT18X18D, DP16KD). docs/boards.md
 quotes these figures.
+
+``--core v2-top`` synthesizes engine v2 as a board holds it: ``EngineUartTop`` (the UARTs,
+the link bridge and ``SampleCore``, the shell with its register bank, memory window, counter
+file and stop unit) with the build's dataflow set to "samples". ``--per-module`` keeps the
+hierarchy (``synth_ice40 -noflatten``) and adds each module's own cells ("modules": module
+-> counts, the cells of its submodules not included) to the result.
 """
 
 import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,7 +40,7 @@ DEFAULT_FAMILY = {"icebreaker": "ice40", "tiny": "ice40", "ulx3s": "ecp5", "sim"
 
 #: The engine cores: v1's EngineCore, and engine v2's core (ember_hw.sample_engine, not yet
 #: on a board build) without its bus.
-CORES = ("v1", "v2")
+CORES = ("v1", "v2", "v2-top")
 
 
 def _v2_counted(build):
@@ -80,24 +87,52 @@ def core_rtlil(build, core="v1"):
     from amaranth.back import rtlil
     if core == "v2":
         return rtlil.convert(_v2_counted(build), name="top")
+    if core == "v2-top":
+        from ember_hw.top import EngineUartTop
+        return rtlil.convert(EngineUartTop(build), name="top")
     from ember_hw.engine import EngineCore
     return rtlil.convert(EngineCore(dataclasses.replace(build, dataflow="outputs")), name="top")
 
 
-def synthesize(build, family, core="v1"):
-    """Cell counts (dict) of the engine core of `build` synthesized for `family`."""
+def module_cells(log):
+    """Each module's own cell counts (module -> {cell: count}) from the last ``stat`` of a
+    hierarchical (``-noflatten``) Yosys log, the submodules' cells not included."""
+    start = log.rfind("Printing statistics.")
+    cells, name = {}, None
+    for line in log[start:].splitlines():
+        head = re.match(r"^=== (\S+) ===", line)
+        if head:
+            name = head.group(1)
+            cells[name] = {}
+            continue
+        if name is None or "design hierarchy" in line:
+            if "design hierarchy" in line:
+                name = None
+            continue
+        m = re.match(r"^\s+(\d+)\s+((?:SB_)\S*)\s*$", line)
+        if m:
+            cells[name][m.group(2)] = int(m.group(1))
+    return cells
+
+
+def synthesize(build, family, core="v1", per_module=False):
+    """Cell counts (dict) of the engine core of `build` synthesized for `family`; with
+    `per_module`, (counts, module_cells) of the design synthesized with its hierarchy."""
     _yowasp_environment()
     # YoWASP tools see the working directory tree only: work in a directory below it
     with tempfile.TemporaryDirectory(dir=Path.cwd(), prefix=".area-") as tmp:
         tmp = Path(tmp).relative_to(Path.cwd())
         (tmp / "core.il").write_text(core_rtlil(build, core))
         script = "; ".join([f"read_rtlil {tmp / 'core.il'}", *read_collision_script(),
-                            FAMILIES[family], "stat"])
+                            FAMILIES[family] + (" -noflatten" if per_module else ""),
+                            "stat"])
         out = subprocess.run([os.environ["YOSYS"], "-q", "-l", str(tmp / "yosys.log"),
                               "-p", script], capture_output=True, text=True)
         log = (tmp / "yosys.log").read_text() if (tmp / "yosys.log").exists() else ""
         if out.returncode != 0:
             raise RuntimeError(f"yosys failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    if per_module:
+        return _yosys_cells(log), module_cells(log)
     return _yosys_cells(log)
 
 
@@ -108,7 +143,10 @@ def main(argv=None):
     ap.add_argument("--features", help="comma-separated units to build instead of the "
                     f"build's own (from {', '.join(spec.FEATURES)})")
     ap.add_argument("--core", default="v1", choices=CORES,
-                    help="v1: EngineCore (the boards' engine); v2: engine v2's core alone")
+                    help="v1: EngineCore (the boards' engine); v2: engine v2's core with its "
+                    "counter file; v2-top: engine v2 behind its shell, link and UARTs")
+    ap.add_argument("--per-module", action="store_true",
+                    help="keep the hierarchy and report each module's own cells")
     ap.add_argument("--lanes", type=int, help="lanes instead of the build's own")
     ap.add_argument("--weight-words", type=int, help="weight words instead of the build's own")
     ap.add_argument("--json", help="also write the counts to this file")
@@ -119,16 +157,20 @@ def main(argv=None):
     if args.features is not None:
         build = dataclasses.replace(build, features=tuple(f for f in args.features.split(",")
                                                           if f))
-    if args.core == "v2":
+    if args.core != "v1":
         # the v2 core keeps its weights in one generic memory (block RAM), no SPRAM yet
-        build = dataclasses.replace(build, weight_spram=False)
+        build = dataclasses.replace(build, weight_spram=False, dataflow="samples")
     for name in ("lanes", "weight_words"):
         if getattr(args, name) is not None:
             build = dataclasses.replace(build, **{name: getattr(args, name)})
-    cells = synthesize(build, family, args.core)
+    cells = synthesize(build, family, args.core, args.per_module)
+    modules = None
+    if args.per_module:
+        cells, modules = cells
     result = {"build": args.build, "core": args.core, "lanes": build.lanes,
+              "weight_words": build.weight_words,
               "features": list(build.features), "family": family,
-              "cells": cells,
+              "cells": cells, **({"modules": modules} if modules is not None else {}),
               "seconds": round(time.monotonic() - t0, 1)}
     print(json.dumps(result, indent=1))
     if args.json:
