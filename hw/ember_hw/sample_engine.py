@@ -1042,7 +1042,7 @@ class _Core:
         self.correct = Signal(range(bld.max_batch + 1))
         self.in_flight = []
         self.busy_units = Signal()
-        self.reserve = Signal(range(self.P + SNAP_LATENCY))
+        self.reserve = Signal(range(self.P + dataflow.WRITEBACK_GAP))
         with m.If(self.reserve != 0):
             m.d.sync += self.reserve.eq(self.reserve - 1)
         self.phase_started = Signal()
