@@ -305,6 +305,8 @@ WRITEBACK_GAP = 5
 #: (ember_hw.arith.pipelined_tree_sum): 32 products into one sum in one cycle do not
 #: route at 30 MHz on the ULX3S build.
 GRAD_TREE_STAGES = 2
+#: Registered levels of the select phase's sum of the live lanes' |dY| (ssProp's scores).
+SCORE_TREE_STAGES = 2
 #: Cycles from a weight-gradient step to its input's accumulator over the blocks: the
 #: activation read, the dY read, the operand and product registers, then the tree.
 GRAD_SUM_LATENCY = 4 + GRAD_TREE_STAGES
@@ -312,7 +314,8 @@ GRAD_SUM_LATENCY = 4 + GRAD_TREE_STAGES
 #: pipeline's stages, and the forward writeback's P + 4 busy cycles after the snapshot, the
 #: dX drain's lane a cycle, the update's three stages after the weight gradient's sum.
 _DRAIN = {"forward": lambda P: SNAP_LATENCY + P + 5, "logits": lambda P: SNAP_LATENCY + P + 5,
-          "argmax": lambda P: 3, "loss": lambda P: 3, "select": lambda P: 4,
+          "argmax": lambda P: 3, "loss": lambda P: 3,
+          "select": lambda P: 3 + SCORE_TREE_STAGES,
           "input_grad": lambda P: SNAP_LATENCY + P + 2, "requant": lambda P: 5,
           "weight_grad": lambda P: GRAD_SUM_LATENCY + 4,
           "psg_max": lambda P: GRAD_SUM_LATENCY + 1}

@@ -88,7 +88,7 @@ from amaranth.utils import ceil_log2
 
 from ember import dataflow, spec
 
-from .arith import RoundingShifter, clamp_signed, pipelined_tree_sum, popcount, tree_sum
+from .arith import RoundingShifter, clamp_signed, pipelined_tree_sum, popcount
 from .lanemem import LaneMemory
 from .lanes import MacLanes
 from .loopnest import LoopNest
@@ -227,6 +227,12 @@ class SampleEngine(wiring.Component):
         s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits), bld.max_width)
         m.submodules.amem = s.amem = LaneMemory(P, self.act_words, spec.ACT_BITS)
         m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS)
+        # one lane's entry of the gradient word read, for argmax and loss (one P-way
+        # multiplexer for both: each gathers every lane's memory into one place)
+        s.pick_lane = Signal(range(P))
+        s.lane_value = Signal(signed(spec.GRAD_BITS))
+        m.d.comb += s.lane_value.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
+                                          for i in range(P))[s.pick_lane].as_signed())
         idle = ~s.busy
         m.d.comb += [s.prog_wr.addr.eq(self.prog_wr_addr), s.prog_wr.data.eq(self.prog_wr_data),
                      s.prog_wr.en.eq(self.prog_wr_en & idle),
@@ -461,9 +467,9 @@ class SampleEngine(wiring.Component):
                      lane1.eq(s.addr["o"][:LOGP]), n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
         with m.If(s.issue & on):
             m.d.sync += s.count("grad_reads")
-        logit = Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()
-                      for i in range(P))
-        m.d.sync += [v2.eq(v1), f2.eq(f1), l2.eq(l1), pick.eq(logit[lane1]), n2.eq(n1),
+        with m.If(on):
+            m.d.comb += s.pick_lane.eq(lane1)
+        m.d.sync += [v2.eq(v1), f2.eq(f1), l2.eq(l1), pick.eq(s.lane_value), n2.eq(n1),
                      o2.eq(o1)]
         better = f2 | (pick > best)
         with m.If(v2 & better):
@@ -481,11 +487,12 @@ class SampleEngine(wiring.Component):
         lane = s.addr["o"][:LOGP]
         label = Signal(spec.LABEL_BITS)
         m.d.comb += [loss.classes.eq(s.N), loss.label.eq(label),
-                     loss.rd_data.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
-                                           for i in range(P))[s.loss_lane].as_signed())]
+                     loss.rd_data.eq(s.lane_value)]
         with m.If(on):
             m.d.comb += [s.l_rd.addr.eq(s.addr["o"]),
                          s.gmem.rd.addr.eq(s.addr["a"] + loss.rd_addr)]
+        with m.If(on):
+            m.d.comb += s.pick_lane.eq(s.loss_lane)
         with m.If(loss.rd_en):
             m.d.sync += [s.loss_lane.eq(lane), s.count("grad_reads")]
         with m.If(loss.wr_en):
@@ -526,7 +533,6 @@ class SampleEngine(wiring.Component):
         live1 = Signal(P)
         j = Signal(range(bld.max_width + 1))
         score = Signal(32)
-        s.in_flight.append(v1 | v2 | v3)
         scoring = on & ~s.dense
         with m.If(scoring):
             m.d.comb += s.gmem.rd.addr.eq(s.addr["g"])
@@ -534,8 +540,20 @@ class SampleEngine(wiring.Component):
                      last1.eq(s.last[INNER]), live1.eq(Mux(s.last[INNER], s.thermo, s.all_lanes))]
         mags = [Mux(live1[i], abs(s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()), 0)
                 for i in range(P)]
-        total = Signal(score.shape())
-        m.d.sync += [v2.eq(v1), first2.eq(first1), last2.eq(last1), total.eq(tree_sum(mags))]
+        # the live lanes' sum in dataflow.SCORE_TREE_STAGES registered levels; the step's
+        # flags wait for it
+        total = pipelined_tree_sum(m, mags, dataflow.SCORE_TREE_STAGES, score.shape(),
+                                   "sc_tree")
+        flags, waiting = (v1, first1, last1), []
+        for n in range(1, dataflow.SCORE_TREE_STAGES):
+            later = tuple(Signal(name=f"sc1_{n}_{f}") for f in ("valid", "f", "l"))
+            m.d.sync += [b.eq(a) for a, b in zip(flags, later)]
+            flags = later
+            waiting.append(later[0])
+        m.d.sync += [v2.eq(flags[0]), first2.eq(flags[1]), last2.eq(flags[2])]
+        scoring_busy = Signal()
+        m.d.comb += scoring_busy.eq(Cat(v1, v2, v3, *waiting).any())
+        s.in_flight.append(scoring_busy)
         with m.If(v1 & ~s.random):
             m.d.sync += s.count("grad_reads", popcount(live1))
         with m.If(v2):
@@ -564,7 +582,7 @@ class SampleEngine(wiring.Component):
             with m.State("SCORES"):
                 with m.If(~s.busy | s.fault):
                     m.next = "WALK"
-                with m.Elif(~s.nest.busy & ~s.nest.valid & ~(v1 | v2 | v3)):
+                with m.Elif(~s.nest.busy & ~s.nest.valid & ~scoring_busy):
                     if s.has_ssprop:
                         m.d.comb += s.sel.start.eq(1)
                         m.next = "CHOOSE"
