@@ -1,7 +1,7 @@
 """Build an Ember bitstream with the YoWASP tools and write what the build learned.
 
     python -m ember_boards.build --board icebreaker|ulx3s [--out build/<board>] [--seed N]
-                                 [--build tiny] [--report-only]
+                                 [--build tiny] [--place-only] [--report-only]
 
 Synthesis (Yosys), place and route (nextpnr) and packing (icepack/ecppack) all come from the
 YoWASP WebAssembly packages installed in the same environment as this Python; no system tool is
@@ -28,7 +28,10 @@ Whatever happens, ``<out>/report.json`` is written:
     synthesis_cells cell counts after Yosys synthesis (top level, flattened)
     floorplan       (ULX3S) the DSP site fixed for each lane's multiplier
     bitstream       path of the .bin (iCE40) or .bit (ECP5), null if none was made
-    tool_versions, build_seconds, stage (done / synthesis / place_and_route / pack), errors
+    place_only      nextpnr stopped after placement (--place-only): fmax is its estimate;
+                    nextpnr names no critical path before routing
+    tool_versions, build_seconds, stage (done / synthesis / place_and_route / pack, or placed
+                    with --place-only), errors
 
 Exit status: 0 when the bitstream exists, fits and meets timing; 1 otherwise (the message says
 which); 2 for a usage or environment error.
@@ -256,7 +259,7 @@ def _run_script(build_dir, script, limit_s):
 
 def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features=None,
           router=None, placer_density=None, placer="heap", clock_mhz=None, time_limit_s=None,
-          dataflow=None):
+          dataflow=None, place_only=False):
     """Build `board` into `out_dir` with the engine build `engine_build` (a spec.BUILDS name;
     default the board's own), with only the optional units in `features` if given (names
     from spec.FEATURES), nextpnr's `placer` and `router` and, if given, the heap placer's
@@ -268,7 +271,9 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
     board's `time_limit_s`): nextpnr's router does not give up on a design it cannot route.
     `dataflow` ("outputs" or "samples", spec.DATAFLOWS), if given, replaces the engine
     build's: "samples" puts engine v2 (ember_hw.sample_core) on the board with the build's
-    sizes and units (its weights in block RAM). Returns (report dict, list of problems; empty if all is well).
+    sizes and units (its weights in block RAM). With `place_only`, nextpnr stops after
+    placement (--no-route) and still writes its report, so the critical paths of a design that
+    takes long to route are seen in minutes; no bitstream is made. Returns (report dict, list of problems; empty if all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
     board_info = BOARDS[board]
     bld = spec.BUILDS[engine_build or board]
@@ -293,6 +298,7 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
 
     report = {
         "board": board, "build": bld.name, "features": list(bld.features), "placer": placer,
+        "place_only": place_only,
         "router": router, "placer_density": placer_density,
         "device": plat.device,
         "package": plat.package,
@@ -318,6 +324,7 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
     overrides = {
         "nextpnr_opts": (f"--seed {seed} --report {NEXTPNR_REPORT} --timing-allow-fail "
                          f"--placer {placer} --router {router}" +
+                         (" --no-route" if place_only else "") +
                          (f" --placer-heap-beta {placer_density}" if placer_density else "")),
         "debug_verilog": False,
     }
@@ -356,6 +363,10 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
         report["stage"] = "place_and_route"
     elif not (out_dir / board_info["bitstream"]).exists():
         report["stage"] = "pack"
+    elif place_only:
+        # ecppack packs an unrouted design too: that bitstream is no use to anyone
+        (out_dir / board_info["bitstream"]).unlink()
+        report["stage"] = "placed"
     else:
         report["stage"] = "done"
         report["bitstream"] = str(out_dir / board_info["bitstream"])
@@ -395,7 +406,8 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
         report["engine_clock_net"] = engine_clk
         report["fmax_mhz"] = parsed["clocks"][engine_clk]["achieved_mhz"]
         # without a routed design the figure is nextpnr's estimate after placement
-        report["fmax_stage"] = ("routed" if report["stage"] in ("done", "pack")
+        report["fmax_stage"] = ("placed (estimate; --place-only)" if place_only
+                                else "routed" if report["stage"] in ("done", "pack")
                                 else "placed (estimate; routing did not finish)")
         report["timing_met"] = report["fmax_mhz"] >= report["target_mhz"]
         # nextpnr names a path's ends by clock edge: "posedge <clock net>"
@@ -420,7 +432,7 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
         problems.append(f"nextpnr constrained the engine clock '{engine_clk}' to "
                         f"{parsed['clocks'][engine_clk]['constraint_mhz']} MHz, not the target "
                         f"{report['target_mhz']:g} MHz")
-    if report["stage"] == "place_and_route" and not over and not any(
+    if report["stage"] == "place_and_route" and not place_only and not over and not any(
             e.startswith("ERROR") for e in report["errors"]):
         problems.append("place and route stopped before it finished, without an error "
                         "(interrupted or timed out); fmax is the placement estimate")
@@ -461,6 +473,9 @@ def main(argv=None):
                         help="the engine: 'outputs' (v1, ember_hw.engine) or 'samples' (engine "
                              "v2, ember_hw.sample_core) with the engine build's sizes and "
                              "units (default: the engine build's own)")
+    parser.add_argument("--place-only", action="store_true",
+                        help="stop nextpnr after placement (--no-route): the placement "
+                             "estimate and its critical paths, no bitstream")
     parser.add_argument("--report-only", action="store_true",
                         help="run no tool; write report.json from what an earlier build left "
                              "in the build directory")
@@ -472,7 +487,8 @@ def main(argv=None):
                              run_tools=not args.report_only, features=features,
                              router=args.router, placer_density=args.placer_density,
                              placer=args.placer, clock_mhz=args.clock_mhz,
-                             time_limit_s=args.time_limit_s, dataflow=args.dataflow)
+                             time_limit_s=args.time_limit_s, dataflow=args.dataflow,
+                             place_only=args.place_only)
     fmax = "n/a" if report["fmax_mhz"] is None else f"{report['fmax_mhz']:.2f} MHz"
     print(f"{args.board}: stage {report['stage']}, fits {report['fits']}, fmax {fmax} "
           f"(target {report['target_mhz']:g} MHz), {report['build_seconds']} s; "

@@ -289,15 +289,36 @@ def book_multiplier_bits(build):
 PHASE_OVERHEAD = PHASE_WORDS + 1 + 2 + 1 + 1
 #: A phase the SLU mask leaves out, and the end phase: its header words, then NEXT (FINISH).
 HEADER_ONLY_CYCLES = HEADER_WORDS + 2
-#: Cycles from a forward step to the snapshot of its sums (ember_hw.sample_engine).
-SNAP_LATENCY = 5
+#: Registers between the weight memory's read data and the lanes' operands in the forward
+#: and input-gradient phases (ember_hw.sample_engine): the one weight read per step goes to
+#: all P lanes, across the chip on a 32-lane ECP5 build, in a cycle of its own.
+WEIGHT_BROADCAST_STAGES = 1
+#: Cycles from a forward or input-gradient step to the snapshot of its sums: the activation
+#: (and dY) read, the weight read, the broadcast, the operand and product registers, the
+#: accumulator.
+SNAP_LATENCY = 5 + WEIGHT_BROADCAST_STAGES
+#: The forward writeback unit (ember_hw.writeback) takes a block's sums every P + this many
+#: cycles (busy P + 4 cycles after each), so a group's last step waits that long after the
+#: last group's (whatever the pipeline's latency: both snapshots are as late).
+WRITEBACK_GAP = 5
+#: Registered levels of the weight gradient's adder tree across the P lanes
+#: (ember_hw.arith.pipelined_tree_sum): 32 products into one sum in one cycle do not
+#: route at 30 MHz on the ULX3S build.
+GRAD_TREE_STAGES = 2
+#: Registered levels of the select phase's sum of the live lanes' |dY| (ssProp's scores).
+SCORE_TREE_STAGES = 2
+#: Cycles from a weight-gradient step to its input's accumulator over the blocks: the
+#: activation read, the dY read, the operand and product registers, then the tree.
+GRAD_SUM_LATENCY = 4 + GRAD_TREE_STAGES
 #: Cycles from a phase's last step to the end of its drain, per kind, for P lanes: the
 #: pipeline's stages, and the forward writeback's P + 4 busy cycles after the snapshot, the
-#: dX drain's lane a cycle, the update's three stages after the weight gradient's five.
+#: dX drain's lane a cycle, the update's three stages after the weight gradient's sum.
 _DRAIN = {"forward": lambda P: SNAP_LATENCY + P + 5, "logits": lambda P: SNAP_LATENCY + P + 5,
-          "argmax": lambda P: 3, "loss": lambda P: 3, "select": lambda P: 4,
+          "argmax": lambda P: 3, "loss": lambda P: 3,
+          "select": lambda P: 3 + SCORE_TREE_STAGES,
           "input_grad": lambda P: SNAP_LATENCY + P + 2, "requant": lambda P: 5,
-          "weight_grad": lambda P: 9, "psg_max": lambda P: 6}
+          "weight_grad": lambda P: GRAD_SUM_LATENCY + 4,
+          "psg_max": lambda P: GRAD_SUM_LATENCY + 1}
 
 
 def _selector_cycles(build, batch, n, settings):
@@ -335,14 +356,16 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     Per kind, P lanes, n_i the nest's effective bounds, steps their product, and G the steps
     over the innermost bound n_inner (the groups that end in a snapshot or a drain):
       forward, logits: a group's last step waits for the writeback unit, busy P + 4 cycles
-                       after each snapshot: n_inner + (G - 1) * max(n_inner, P + 5);
+                       after each snapshot: n_inner + (G - 1) * max(n_inner,
+                       P + WRITEBACK_GAP);
       input_grad:      the same with the dX drain's P cycles: max(n_inner, P + 1);
       loss:            a step per sample, each the softmax-gradient unit's 3N + 23 cycles
                        (ember_hw.loss) and 4 of the runner's;
       select:          its steps, the selector (_selector_cycles), the kept list (N + 2),
                        and before them its header and bookkeeping (_book_cycles);
       weight_grad:     its steps; under PSG the second pass of each (channel, input group)
-                       waits up to 6 cycles for the first pass's decisions;
+                       waits up to GRAD_SUM_LATENCY + 1 cycles for the first pass's
+                       decisions;
       argmax, requant, psg_max: their steps.
     """
     P = build.lanes
@@ -363,13 +386,13 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     inner = bounds[INNER]
     groups = steps // inner if inner else 0
     if kind in ("forward", "logits"):
-        run = inner + (groups - 1) * max(inner, P + SNAP_LATENCY)
+        run = inner + (groups - 1) * max(inner, P + WRITEBACK_GAP)
     elif kind == "input_grad":
         run = inner + (groups - 1) * max(inner, P + 1)
     elif kind == "loss":
         run = steps * (3 * ph.outputs + 23 + 4)
     elif kind == "weight_grad":
-        run = steps + (6 * bounds[0] * bounds[1] if passes == 2 else 0)
+        run = steps + ((GRAD_SUM_LATENCY + 1) * bounds[0] * bounds[1] if passes == 2 else 0)
     else:
         run = steps
     if kind == "select":

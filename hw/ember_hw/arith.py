@@ -29,6 +29,7 @@ user takes a value before it reads the result.
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
 
 def bits_for(limit):
@@ -69,6 +70,24 @@ def tree_sum(values):
     while len(values) > 1:
         values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i]
                   for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def pipelined_tree_sum(m, values, stages, shape, name):
+    """The sum of `values` as a balanced adder tree cut into `stages` registered levels
+    (sync domain, reset-less): each level sums groups of its inputs (2**ceil(levels left /
+    stages left) each) into registers, so the sum is in the last register `stages` cycles
+    after `values`. Lets P lanes' products meet in a tree whose first level sums neighbours
+    near them. `shape` is every register's (wide enough for the whole sum); returns the last
+    register."""
+    values = list(values)
+    for stage in range(stages):
+        per = 1 << -(-ceil_log2(len(values)) // (stages - stage))
+        groups = [values[i:i + per] for i in range(0, len(values), per)]
+        sums = [Signal(shape, name=f"{name}{stage}_{i}", reset_less=True)
+                for i in range(len(groups))]
+        m.d.sync += [r.eq(tree_sum(g)) for r, g in zip(sums, groups)]
+        values = sums
     return values[0]
 
 

@@ -50,22 +50,27 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
 
 - forward, logits (levels: sample block s, output j, input k): t reads the activation word;
   t+1 gates the lanes whose activation is zero and reads W[j, k] unless every lane is gated;
-  t+2 gives the weight to every lane with its own activation; t+4 accumulates; at the last k,
-  t+5 snapshots the sums and the writeback unit requantizes them a lane a cycle. A step with
-  the last k waits until the writeback unit is free when its sums arrive (P + 5 cycles apart).
+  the weight arrives at t+2 and, B = ember.dataflow.WEIGHT_BROADCAST_STAGES registers later
+  (the broadcast register, near the lanes), t+2+B gives it to every lane with its own
+  activation; t+4+B accumulates; at the last k, t+5+B (SNAP_LATENCY) snapshots the sums and
+  the writeback unit requantizes them a lane a cycle. A step with the last k waits until the
+  writeback unit is free when its sums arrive (P + WRITEBACK_GAP cycles apart).
 - argmax (s, lane, class n): the first maximum of each sample's logits into the predictions.
 - loss (s, lane): the softmax-gradient unit (ember_hw.loss) on one sample's logits in place.
 - select (j, s): ssProp's scores (sum over the live lanes of |dY| of channel j, or the LFSR),
   the selector (ember_hw.select), then the kept list: (j, j * K) of each kept channel in
   order, which the input- and weight-gradient phases add to their w and g addresses.
-- input_grad (s, k, kept c): W[j, k] to every lane with its sample's dY[b, j]; the lanes whose
+- input_grad (s, k, kept c): W[j, k] to every lane with its sample's dY[b, j] (read at t+1,
+  given to the lanes at t+2+B as in the forward phase); the lanes whose
   activation is not positive are gated; at the last c the dX drain writes each lane's raw
   dX (zero where the activation is) to the scratch and tracks the batch's largest |dX|.
 - requant (s, lane, k): dX through the rounding shifter by the batch's scale into dY of the
   layer below (ember_hw.requant).
 - weight_grad (kept c, input group, pass, s, input in the group): each lane's
-  dY[b, j] * A[b, k] summed across the lanes (an adder tree) and the sample blocks into the
-  input's accumulator (one per input of the group); the block's dY word is read at the
+  dY[b, j] * A[b, k] summed across the lanes (an adder tree of
+  ember.dataflow.GRAD_TREE_STAGES registered levels, the sum in the accumulator at
+  t + GRAD_SUM_LATENCY) and the sample blocks into the input's accumulator (one per input of
+  the group); the block's dY word is read at the
   group's first input and held for the rest (spec.GRAD_HOLD). At the last s the update: SGD
   through the rounding shifter, or under PSG a first pass of the high bits' products (the
   prediction) and a second pass at full precision only where the prediction is not
@@ -83,7 +88,7 @@ from amaranth.utils import ceil_log2
 
 from ember import dataflow, spec
 
-from .arith import RoundingShifter, clamp_signed, popcount, tree_sum
+from .arith import RoundingShifter, clamp_signed, pipelined_tree_sum, popcount
 from .lanemem import LaneMemory
 from .lanes import MacLanes
 from .loopnest import LoopNest
@@ -113,6 +118,8 @@ def event_bounds(build):
 
 #: Cycles from a nest step to the snapshot of its sums (the watchdog's bound counts them).
 SNAP_LATENCY = dataflow.SNAP_LATENCY
+WEIGHT_BROADCAST_STAGES = dataflow.WEIGHT_BROADCAST_STAGES
+GRAD_SUM_LATENCY = dataflow.GRAD_SUM_LATENCY
 LEVELS = dataflow.LEVELS
 INNER = dataflow.INNER
 BLOCK = dataflow.BLOCK_LEVEL
@@ -220,6 +227,12 @@ class SampleEngine(wiring.Component):
         s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits), bld.max_width)
         m.submodules.amem = s.amem = LaneMemory(P, self.act_words, spec.ACT_BITS)
         m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS)
+        # one lane's entry of the gradient word read, for argmax and loss (one P-way
+        # multiplexer for both: each gathers every lane's memory into one place)
+        s.pick_lane = Signal(range(P))
+        s.lane_value = Signal(signed(spec.GRAD_BITS))
+        m.d.comb += s.lane_value.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
+                                          for i in range(P))[s.pick_lane].as_signed())
         idle = ~s.busy
         m.d.comb += [s.prog_wr.addr.eq(self.prog_wr_addr), s.prog_wr.data.eq(self.prog_wr_data),
                      s.prog_wr.en.eq(self.prog_wr_en & idle),
@@ -323,6 +336,13 @@ class SampleEngine(wiring.Component):
         # W x dY (wider: spec.Build.dx_acc_bits); no sum wraps
         s.LACC = LACC = max(bld.lane_acc_bits(), bld.dx_acc_bits())
         m.submodules.lanes = s.lanes = MacLanes(P, OPND, LACC)
+        # the weight read for the lanes, WEIGHT_BROADCAST_STAGES registers after the memory
+        # (the update and the bus read the memory's data directly)
+        s.w_bcast = s.w_rd.data
+        for n in range(1, WEIGHT_BROADCAST_STAGES + 1):
+            reg = Signal.like(s.w_rd.data, name=f"w_bcast{n}", reset_less=True)
+            m.d.sync += reg.eq(s.w_bcast)
+            s.w_bcast = reg
         value_bits = max(LACC, spec.DX_BITS)
         m.submodules.shifter = s.shifter = RoundingShifter(value_bits, spec.SHIFT_MAX)
         m.submodules.writeback = s.wb = ForwardWriteback(
@@ -358,6 +378,22 @@ class SampleEngine(wiring.Component):
                      s.gmem.wr.en.eq(Const(1, s.P) << lane)]
         m.d.sync += s.count("grad_writes")
 
+    @staticmethod
+    def _meet_broadcast(m, s, name, stage, values):
+        """`stage` and `values` (the step's flags and its lanes' operands, taken in the
+        cycle the weight memory's data arrives) WEIGHT_BROADCAST_STAGES cycles later, where
+        they meet the weight in the broadcast register (s.w_bcast). Returns (the stage,
+        the values, whether any of the added stages holds a step)."""
+        busy = []
+        for n in range(1, WEIGHT_BROADCAST_STAGES + 1):
+            later = _Stage(m, f"{name}b{n}", s.P, 0, len(stage.o))
+            s.chain(m, stage, later)
+            held = [Signal.like(v, name=f"{name}b{n}_v{i}") for i, v in enumerate(values)]
+            m.d.sync += [h.eq(v) for h, v in zip(held, values)]
+            stage, values = later, held
+            busy.append(later.valid)
+        return stage, values, Cat(*busy).any()
+
     # ---------------------------------------------------------------- forward, logits
     def _forward(self, m, s):
         P, LOGP = s.P, self.logp
@@ -366,14 +402,13 @@ class SampleEngine(wiring.Component):
         with m.If(on & s.nest.valid & last_k & (s.reserve != 0)):
             m.d.comb += s.stall.eq(1)
         with m.If(s.issue & on & last_k):
-            m.d.sync += s.reserve.eq(P + SNAP_LATENCY - 1)
+            m.d.sync += s.reserve.eq(P + dataflow.WRITEBACK_GAP - 1)
         live0 = Mux(s.last[BLOCK], s.thermo, s.all_lanes)
         s1 = _Stage(m, "f1", P, len(s.addr["w"]), len(s.addr["o"]))
         s2 = _Stage(m, "f2", P, 0, len(s.addr["o"]))
         s3 = _Stage(m, "f3", P, 0, len(s.addr["o"]))
         s4 = _Stage(m, "f4", P, 0, len(s.addr["o"]))
         s5 = _Stage(m, "f5", P, 0, len(s.addr["o"]))
-        s.in_flight.append(s1.valid | s2.valid | s3.valid | s4.valid | s5.valid)
         on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
         with m.If(on):
             m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
@@ -388,19 +423,23 @@ class SampleEngine(wiring.Component):
             m.d.comb += [s.w_rd.addr.eq(s1.w), s.w_rd.en.eq(on1 != 0)]
         m.d.sync += [s2.valid.eq(s1.valid), s2.first.eq(s1.first), s2.last.eq(s1.last),
                      s2.o.eq(s1.o), s2.live.eq(s1.live), on2.eq(on1), act2.eq(s.amem.rd.data)]
-        # t+2: the weight to every lane, each lane's activation
         with m.If(s2.valid):
-            for i in range(P):
-                m.d.comb += [s.lanes.operand_a(i).eq(s.w_rd.data.as_signed()),
-                             s.lanes.operand_b(i).eq(act2.word_select(i, spec.ACT_BITS))]
-            m.d.comb += s.lanes.b_zero.eq(~on2)
             m.d.sync += [s.count("mac_forward", popcount(on2)),
                          s.count("skip_zero", popcount(s2.live & ~on2)),
                          s.count("weight_reads", on2 != 0)]
-        s.chain(m, s2, s3)
+        # t+2: the weight read; t+2+B: the weight (the broadcast register's) to every lane,
+        # each lane its activation
+        sb, (on_b, act_b), sb_busy = self._meet_broadcast(m, s, "f", s2, [on2, act2])
+        with m.If(sb.valid):
+            for i in range(P):
+                m.d.comb += [s.lanes.operand_a(i).eq(s.w_bcast.as_signed()),
+                             s.lanes.operand_b(i).eq(act_b.word_select(i, spec.ACT_BITS))]
+            m.d.comb += s.lanes.b_zero.eq(~on_b)
+        s.in_flight.append(s1.valid | s2.valid | sb_busy | s3.valid | s4.valid | s5.valid)
+        s.chain(m, sb, s3)
         s.chain(m, s3, s4)
         m.d.sync += [s5.valid.eq(s4.valid & s4.last), s5.o.eq(s4.o), s5.live.eq(s4.live)]
-        # t+4: accumulate; t+5: the sums to the writeback unit
+        # SNAP_LATENCY - 1: accumulate; SNAP_LATENCY: the sums to the writeback unit
         with m.If(s4.valid):
             m.d.comb += [s.lanes.acc_add.eq(s.all_lanes), s.lanes.acc_first.eq(s4.first)]
         with m.If(s5.valid):
@@ -428,9 +467,9 @@ class SampleEngine(wiring.Component):
                      lane1.eq(s.addr["o"][:LOGP]), n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
         with m.If(s.issue & on):
             m.d.sync += s.count("grad_reads")
-        logit = Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()
-                      for i in range(P))
-        m.d.sync += [v2.eq(v1), f2.eq(f1), l2.eq(l1), pick.eq(logit[lane1]), n2.eq(n1),
+        with m.If(on):
+            m.d.comb += s.pick_lane.eq(lane1)
+        m.d.sync += [v2.eq(v1), f2.eq(f1), l2.eq(l1), pick.eq(s.lane_value), n2.eq(n1),
                      o2.eq(o1)]
         better = f2 | (pick > best)
         with m.If(v2 & better):
@@ -448,11 +487,12 @@ class SampleEngine(wiring.Component):
         lane = s.addr["o"][:LOGP]
         label = Signal(spec.LABEL_BITS)
         m.d.comb += [loss.classes.eq(s.N), loss.label.eq(label),
-                     loss.rd_data.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
-                                           for i in range(P))[s.loss_lane].as_signed())]
+                     loss.rd_data.eq(s.lane_value)]
         with m.If(on):
             m.d.comb += [s.l_rd.addr.eq(s.addr["o"]),
                          s.gmem.rd.addr.eq(s.addr["a"] + loss.rd_addr)]
+        with m.If(on):
+            m.d.comb += s.pick_lane.eq(s.loss_lane)
         with m.If(loss.rd_en):
             m.d.sync += [s.loss_lane.eq(lane), s.count("grad_reads")]
         with m.If(loss.wr_en):
@@ -493,7 +533,6 @@ class SampleEngine(wiring.Component):
         live1 = Signal(P)
         j = Signal(range(bld.max_width + 1))
         score = Signal(32)
-        s.in_flight.append(v1 | v2 | v3)
         scoring = on & ~s.dense
         with m.If(scoring):
             m.d.comb += s.gmem.rd.addr.eq(s.addr["g"])
@@ -501,8 +540,20 @@ class SampleEngine(wiring.Component):
                      last1.eq(s.last[INNER]), live1.eq(Mux(s.last[INNER], s.thermo, s.all_lanes))]
         mags = [Mux(live1[i], abs(s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()), 0)
                 for i in range(P)]
-        total = Signal(score.shape())
-        m.d.sync += [v2.eq(v1), first2.eq(first1), last2.eq(last1), total.eq(tree_sum(mags))]
+        # the live lanes' sum in dataflow.SCORE_TREE_STAGES registered levels; the step's
+        # flags wait for it
+        total = pipelined_tree_sum(m, mags, dataflow.SCORE_TREE_STAGES, score.shape(),
+                                   "sc_tree")
+        flags, waiting = (v1, first1, last1), []
+        for n in range(1, dataflow.SCORE_TREE_STAGES):
+            later = tuple(Signal(name=f"sc1_{n}_{f}") for f in ("valid", "f", "l"))
+            m.d.sync += [b.eq(a) for a, b in zip(flags, later)]
+            flags = later
+            waiting.append(later[0])
+        m.d.sync += [v2.eq(flags[0]), first2.eq(flags[1]), last2.eq(flags[2])]
+        scoring_busy = Signal()
+        m.d.comb += scoring_busy.eq(Cat(v1, v2, v3, *waiting).any())
+        s.in_flight.append(scoring_busy)
         with m.If(v1 & ~s.random):
             m.d.sync += s.count("grad_reads", popcount(live1))
         with m.If(v2):
@@ -531,7 +582,7 @@ class SampleEngine(wiring.Component):
             with m.State("SCORES"):
                 with m.If(~s.busy | s.fault):
                     m.next = "WALK"
-                with m.Elif(~s.nest.busy & ~s.nest.valid & ~(v1 | v2 | v3)):
+                with m.Elif(~s.nest.busy & ~s.nest.valid & ~scoring_busy):
                     if s.has_ssprop:
                         m.d.comb += s.sel.start.eq(1)
                         m.next = "CHOOSE"
@@ -602,24 +653,29 @@ class SampleEngine(wiring.Component):
         m.d.sync += [i2.valid.eq(i1.valid & ~s.bad_address), i2.first.eq(i1.first),
                      i2.last.eq(i1.last),
                      i2.o.eq(i1.o), i2.live.eq(i1.live), on2.eq(on1), relu2.eq(relu_now)]
-        # t+2: W[j, k] to every lane with its sample's dY[b, j]
         with m.If(i2.valid):
-            for i in range(P):
-                m.d.comb += [s.lanes.operand_a(i).eq(s.w_rd.data.as_signed()),
-                             s.lanes.operand_b(i).eq(
-                                 s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed())]
-            m.d.comb += s.lanes.b_zero.eq(~on2)
             m.d.sync += [s.count("mac_input_grad", popcount(on2)),
                          s.count("skip_zero", popcount(i2.live & ~on2)),
                          s.count("weight_reads", on2 != 0),
                          s.count("grad_lane_reads", popcount(on2))]
-        s.chain(m, i2, i3)
+        # t+2: W[j, k] and dY read; t+2+B: the weight (the broadcast register's) to every
+        # lane with its sample's dY[b, j]
+        ib, (on_b, relu_b, dy_b), ib_busy = self._meet_broadcast(
+            m, s, "ig", i2, [on2, relu2, s.gmem.rd.data])
+        s.in_flight.append(ib_busy)
+        with m.If(ib.valid):
+            for i in range(P):
+                m.d.comb += [s.lanes.operand_a(i).eq(s.w_bcast.as_signed()),
+                             s.lanes.operand_b(i).eq(
+                                 dy_b.word_select(i, spec.GRAD_BITS).as_signed())]
+            m.d.comb += s.lanes.b_zero.eq(~on_b)
+        s.chain(m, ib, i3)
         s.chain(m, i3, i4)
-        m.d.sync += [relu3.eq(relu2), relu4.eq(relu3), i5.valid.eq(i4.valid & i4.last),
+        m.d.sync += [relu3.eq(relu_b), relu4.eq(relu3), i5.valid.eq(i4.valid & i4.last),
                      i5.o.eq(i4.o), i5.live.eq(i4.live), relu5.eq(relu4)]
         with m.If(i4.valid):
             m.d.comb += [s.lanes.acc_add.eq(s.all_lanes), s.lanes.acc_first.eq(i4.first)]
-        # t+5: the sums into the snapshot; the drain writes a lane a cycle
+        # SNAP_LATENCY: the sums into the snapshot; the drain writes a lane a cycle
         d_busy = Signal()
         d_lane = Signal(range(P + 1))
         d_relu, d_live = Signal(P), Signal(P)
@@ -743,47 +799,48 @@ class SampleEngine(wiring.Component):
             # zero skips: once per (j, k), in its first pass (not in psg_max)
             with m.If(~p2 & s.is_["weight_grad"]):
                 m.d.sync += s.count("skip_zero", popcount(w2.live & ~on2))
-        # t+3, t+4: the products; the tree's sum registered at t+5
+        # t+3, t+4: the products; the tree's levels; the sum at t + GRAD_SUM_LATENCY
         fields = (("valid", 1), ("fb", 1), ("lb", 1), ("last", 1), ("w", len(s.addr["w"])),
                   ("o", len(s.addr["o"])), ("pass", 1), ("on", range(P + 1)))
         stages = [{f: Signal(shape, name=f"wg{n}_{f}") for f, shape in fields}
-                  for n in range(3, 6)]
+                  for n in range(3, GRAD_SUM_LATENCY + 1)]
         first_values = {"valid": w2.valid, "fb": fb2, "lb": lb2, "last": w2.last, "w": w2.w,
                         "o": w2.o, "pass": p2, "on": popcount(on2)}
         m.d.sync += [stages[0][f].eq(v) for f, v in first_values.items()]
         for sa, sb in zip(stages, stages[1:]):
             m.d.sync += [sb[f].eq(sa[f]) for f, _ in fields]
         s.in_flight.append(w1.valid | w2.valid | Cat(*[st["valid"] for st in stages]).any())
-        t5 = stages[2]
-        tree = Signal(signed(s.LACC), name="wg_tree")
-        m.d.sync += tree.eq(tree_sum([s.lanes.product(i) for i in range(P)]))
-        # t+5: the input's accumulator over the blocks, and its live MACs (PSG's skips)
+        summed = stages[-1]
+        tree = pipelined_tree_sum(m, [s.lanes.product(i) for i in range(P)],
+                                  dataflow.GRAD_TREE_STAGES, signed(s.LACC), "wg_tree")
+        # t + GRAD_SUM_LATENCY: the input's accumulator over the blocks, and its live MACs
+        # (PSG's skips)
         acc = Array(Signal(signed(s.LACC), name=f"wg_sum{i}") for i in range(R))
         macs = Array(Signal(range(2 * self.build.max_batch + 1), name=f"wg_macs{i}")
                      for i in range(R))
-        g_now = Mux(t5["fb"], 0, acc[t5["o"]]) + tree
-        macs_now = Mux(t5["fb"], 0, macs[t5["o"]]) + t5["on"]
-        with m.If(t5["valid"]):
-            m.d.sync += [acc[t5["o"]].eq(g_now), macs[t5["o"]].eq(macs_now)]
+        g_now = Mux(summed["fb"], 0, acc[summed["o"]]) + tree
+        macs_now = Mux(summed["fb"], 0, macs[summed["o"]]) + summed["on"]
+        with m.If(summed["valid"]):
+            m.d.sync += [acc[summed["o"]].eq(g_now), macs[summed["o"]].eq(macs_now)]
         # the end of a pass over the blocks of (j, k)
-        with m.If(t5["valid"] & t5["lb"]):
+        with m.If(summed["valid"] & summed["lb"]):
             with m.If(s.is_["psg_max"]):
                 with m.If(abs(g_now) > s.largest):
                     m.d.sync += s.largest.eq(abs(g_now))
-            with m.Elif(self.psg & ~t5["pass"]):
+            with m.Elif(self.psg & ~summed["pass"]):
                 # the prediction: confident where |pred| > tau (the sign steps it next pass)
                 sure = abs(g_now) > s.tau
-                m.d.sync += [s.confident.bit_select(t5["o"], 1).eq(sure),
-                             s.pred_negative.bit_select(t5["o"], 1).eq(g_now < 0),
-                             s.uncertain_any.eq(Mux(t5["o"] == 0, 0, s.uncertain_any) | ~sure)]
+                m.d.sync += [s.confident.bit_select(summed["o"], 1).eq(sure),
+                             s.pred_negative.bit_select(summed["o"], 1).eq(g_now < 0),
+                             s.uncertain_any.eq(Mux(summed["o"] == 0, 0, s.uncertain_any) | ~sure)]
                 with m.If(sure):
                     m.d.sync += s.count("skip_psg", macs_now)
-                with m.If(t5["last"]):
+                with m.If(summed["last"]):
                     m.d.sync += s.decided.eq(1)
             with m.Else():
-                m.d.comb += [s.upd_start.eq(1), s.upd_addr.eq(t5["w"]), s.upd_value.eq(g_now),
-                             s.upd_sure.eq(s.confident.bit_select(t5["o"], 1)),
-                             s.upd_pred_negative.eq(s.pred_negative.bit_select(t5["o"], 1))]
+                m.d.comb += [s.upd_start.eq(1), s.upd_addr.eq(summed["w"]), s.upd_value.eq(g_now),
+                             s.upd_sure.eq(s.confident.bit_select(summed["o"], 1)),
+                             s.upd_pred_negative.eq(s.pred_negative.bit_select(summed["o"], 1))]
 
     # ---------------------------------------------------------------- update
     def _update(self, m, s):
@@ -1003,7 +1060,7 @@ class _Core:
         self.correct = Signal(range(bld.max_batch + 1))
         self.in_flight = []
         self.busy_units = Signal()
-        self.reserve = Signal(range(self.P + SNAP_LATENCY))
+        self.reserve = Signal(range(self.P + dataflow.WRITEBACK_GAP))
         with m.If(self.reserve != 0):
             m.d.sync += self.reserve.eq(self.reserve - 1)
         self.phase_started = Signal()
