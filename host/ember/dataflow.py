@@ -293,10 +293,16 @@ HEADER_ONLY_CYCLES = HEADER_WORDS + 2
 #: and input-gradient phases (ember_hw.sample_engine): the one weight read per step goes to
 #: all P lanes, across the chip on a 32-lane ECP5 build, in a cycle of its own.
 WEIGHT_BROADCAST_STAGES = 1
+#: Registers between the lanes' zero gates (formed from the activation memory's read data)
+#: and the weight memory's read enable ("read W[j, k] unless every lane is gated") in the
+#: forward and input-gradient phases: on the 32-lane ECP5 build the OR of every lane's gate
+#: into the enable, in the read data's own cycle, was the critical path (docs/boards.md,
+#: session 12). The input gradient's kept-channel addresses are registered with them.
+GATE_STAGES = 1
 #: Cycles from a forward or input-gradient step to the snapshot of its sums: the activation
-#: (and dY) read, the weight read, the broadcast, the operand and product registers, the
-#: accumulator.
-SNAP_LATENCY = 5 + WEIGHT_BROADCAST_STAGES
+#: read, the gates, the weight (and dY) read, the broadcast, the operand and product
+#: registers, the accumulator.
+SNAP_LATENCY = 5 + GATE_STAGES + WEIGHT_BROADCAST_STAGES
 #: The forward writeback unit (ember_hw.writeback) takes a block's sums every P + this many
 #: cycles (busy P + 4 cycles after each), so a group's last step waits that long after the
 #: last group's (whatever the pipeline's latency: both snapshots are as late).

@@ -49,19 +49,21 @@ The phases (cycle t: the nest presents the step and it is taken; levels are name
 first, each nest padded with bound-1 levels at the outer end to ember.dataflow.LEVELS):
 
 - forward, logits (levels: sample block s, output j, input k): t reads the activation word;
-  t+1 gates the lanes whose activation is zero and reads W[j, k] unless every lane is gated;
-  the weight arrives at t+2 and, B = ember.dataflow.WEIGHT_BROADCAST_STAGES registers later
-  (the broadcast register, near the lanes), t+2+B gives it to every lane with its own
-  activation; t+4+B accumulates; at the last k, t+5+B (SNAP_LATENCY) snapshots the sums and
-  the writeback unit requantizes them a lane a cycle. A step with the last k waits until the
+  t+1 gates the lanes whose activation is zero; G = ember.dataflow.GATE_STAGES registers
+  later, t+1+G reads W[j, k] unless every lane is gated; the weight arrives at t+2+G and,
+  B = ember.dataflow.WEIGHT_BROADCAST_STAGES registers later (the broadcast register, near
+  the lanes), t+2+G+B gives it to every lane with its own activation; t+4+G+B accumulates;
+  at the last k, t+5+G+B (SNAP_LATENCY) snapshots the sums and the writeback unit
+  requantizes them a lane a cycle. A step with the last k waits until the
   writeback unit is free when its sums arrive (P + WRITEBACK_GAP cycles apart).
 - argmax (s, lane, class n): the first maximum of each sample's logits into the predictions.
 - loss (s, lane): the softmax-gradient unit (ember_hw.loss) on one sample's logits in place.
 - select (j, s): ssProp's scores (sum over the live lanes of |dY| of channel j, or the LFSR),
   the selector (ember_hw.select), then the kept list: (j, j * K) of each kept channel in
   order, which the input- and weight-gradient phases add to their w and g addresses.
-- input_grad (s, k, kept c): W[j, k] to every lane with its sample's dY[b, j] (read at t+1,
-  given to the lanes at t+2+B as in the forward phase); the lanes whose
+- input_grad (s, k, kept c): W[j, k] to every lane with its sample's dY[b, j] (the gates
+  and the kept channel's addresses formed at t+1, read at t+1+G, given to the lanes at
+  t+2+G+B as in the forward phase); the lanes whose
   activation is not positive are gated; at the last c the dX drain writes each lane's raw
   dX (zero where the activation is) to the scratch and tracks the batch's largest |dX|.
 - requant (s, lane, k): dX through the rounding shifter by the batch's scale into dY of the
@@ -119,6 +121,7 @@ def event_bounds(build):
 #: Cycles from a nest step to the snapshot of its sums (the watchdog's bound counts them).
 SNAP_LATENCY = dataflow.SNAP_LATENCY
 WEIGHT_BROADCAST_STAGES = dataflow.WEIGHT_BROADCAST_STAGES
+GATE_STAGES = dataflow.GATE_STAGES
 GRAD_SUM_LATENCY = dataflow.GRAD_SUM_LATENCY
 LEVELS = dataflow.LEVELS
 INNER = dataflow.INNER
@@ -379,20 +382,29 @@ class SampleEngine(wiring.Component):
         m.d.sync += s.count("grad_writes")
 
     @staticmethod
-    def _meet_broadcast(m, s, name, stage, values):
-        """`stage` and `values` (the step's flags and its lanes' operands, taken in the
-        cycle the weight memory's data arrives) WEIGHT_BROADCAST_STAGES cycles later, where
-        they meet the weight in the broadcast register (s.w_bcast). Returns (the stage,
-        the values, whether any of the added stages holds a step)."""
+    def _delay(m, s, name, stage, values, stages, valid=None, w=None):
+        """`stage` and `values` `stages` registers later (the stage's weight address
+        included). `valid`, `w`: what the first register takes for the stage's valid and
+        weight address instead of the stage's own. Returns (the stage, the values, whether
+        any of the added registers holds a step)."""
         busy = []
-        for n in range(1, WEIGHT_BROADCAST_STAGES + 1):
-            later = _Stage(m, f"{name}b{n}", s.P, 0, len(stage.o))
+        for n in range(1, stages + 1):
+            later = _Stage(m, f"{name}{n}", s.P, len(stage.w), len(stage.o))
             s.chain(m, stage, later)
-            held = [Signal.like(v, name=f"{name}b{n}_v{i}") for i, v in enumerate(values)]
+            m.d.sync += later.w.eq(stage.w if w is None or n > 1 else w)
+            if valid is not None and n == 1:
+                m.d.sync += later.valid.eq(valid)
+            held = [Signal.like(v, name=f"{name}{n}_v{i}") for i, v in enumerate(values)]
             m.d.sync += [h.eq(v) for h, v in zip(held, values)]
             stage, values = later, held
             busy.append(later.valid)
         return stage, values, Cat(*busy).any()
+
+    def _meet_broadcast(self, m, s, name, stage, values):
+        """`stage` and `values` (the step's flags and its lanes' operands, taken in the
+        cycle the weight memory's data arrives) WEIGHT_BROADCAST_STAGES cycles later, where
+        they meet the weight in the broadcast register (s.w_bcast)."""
+        return self._delay(m, s, f"{name}b", stage, values, WEIGHT_BROADCAST_STAGES)
 
     # ---------------------------------------------------------------- forward, logits
     def _forward(self, m, s):
@@ -416,26 +428,30 @@ class SampleEngine(wiring.Component):
                      s1.w.eq(s.addr["w"]), s1.o.eq(s.addr["o"]), s1.live.eq(live0)]
         with m.If(s.issue & on):
             m.d.sync += s.count("act_reads", Mux(s.last[BLOCK], s.tail, P))
-        # t+1: gate the zero lanes; read the weight unless every lane is gated
+        # t+1: gate the zero lanes; t+1+G (G = GATE_STAGES registers later): read the weight
+        # unless every lane is gated
         nonzero = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
         on1 = s1.live & Mux(self.zero_skip, nonzero, s.all_lanes)
-        with m.If(s1.valid):
-            m.d.comb += [s.w_rd.addr.eq(s1.w), s.w_rd.en.eq(on1 != 0)]
-        m.d.sync += [s2.valid.eq(s1.valid), s2.first.eq(s1.first), s2.last.eq(s1.last),
-                     s2.o.eq(s1.o), s2.live.eq(s1.live), on2.eq(on1), act2.eq(s.amem.rd.data)]
+        sg, (on_g, act_g), sg_busy = self._delay(m, s, "fg", s1, [on1, s.amem.rd.data],
+                                                 GATE_STAGES)
+        with m.If(sg.valid):
+            m.d.comb += [s.w_rd.addr.eq(sg.w), s.w_rd.en.eq(on_g != 0)]
+        m.d.sync += [s2.valid.eq(sg.valid), s2.first.eq(sg.first), s2.last.eq(sg.last),
+                     s2.o.eq(sg.o), s2.live.eq(sg.live), on2.eq(on_g), act2.eq(act_g)]
         with m.If(s2.valid):
             m.d.sync += [s.count("mac_forward", popcount(on2)),
                          s.count("skip_zero", popcount(s2.live & ~on2)),
                          s.count("weight_reads", on2 != 0)]
-        # t+2: the weight read; t+2+B: the weight (the broadcast register's) to every lane,
-        # each lane its activation
+        # t+2+G: the weight read; t+2+G+B: the weight (the broadcast register's) to every
+        # lane, each lane its activation
         sb, (on_b, act_b), sb_busy = self._meet_broadcast(m, s, "f", s2, [on2, act2])
         with m.If(sb.valid):
             for i in range(P):
                 m.d.comb += [s.lanes.operand_a(i).eq(s.w_bcast.as_signed()),
                              s.lanes.operand_b(i).eq(act_b.word_select(i, spec.ACT_BITS))]
             m.d.comb += s.lanes.b_zero.eq(~on_b)
-        s.in_flight.append(s1.valid | s2.valid | sb_busy | s3.valid | s4.valid | s5.valid)
+        s.in_flight.append(s1.valid | sg_busy | s2.valid | sb_busy | s3.valid | s4.valid
+                           | s5.valid)
         s.chain(m, sb, s3)
         s.chain(m, s3, s4)
         m.d.sync += [s5.valid.eq(s4.valid & s4.last), s5.o.eq(s4.o), s5.live.eq(s4.live)]
@@ -646,19 +662,24 @@ class SampleEngine(wiring.Component):
         w_final = i1.w + s.kept_jk
         g_final = g1 + s.kept_j
         with m.If(i1.valid):
-            m.d.comb += [s.w_rd.addr.eq(w_final), s.w_rd.en.eq(on1 != 0),
-                         s.gmem.rd.addr.eq(g_final)]
             with m.If((w_final >= self.weight_depth) | (g_final >= self.build.grad_words)):
                 m.d.comb += s.bad_address.eq(1)
-        m.d.sync += [i2.valid.eq(i1.valid & ~s.bad_address), i2.first.eq(i1.first),
-                     i2.last.eq(i1.last),
-                     i2.o.eq(i1.o), i2.live.eq(i1.live), on2.eq(on1), relu2.eq(relu_now)]
+        # t+1+G: W[j, k] (unless every lane is gated) and dY read, from registers
+        ig, (on_g, relu_g, g_g), ig_busy = self._delay(
+            m, s, "igg", i1, [on1, relu_now, g_final[:len(g1)]], GATE_STAGES,
+            valid=i1.valid & ~s.bad_address, w=w_final)
+        s.in_flight.append(ig_busy)
+        with m.If(ig.valid):
+            m.d.comb += [s.w_rd.addr.eq(ig.w), s.w_rd.en.eq(on_g != 0),
+                         s.gmem.rd.addr.eq(g_g)]
+        m.d.sync += [i2.valid.eq(ig.valid), i2.first.eq(ig.first), i2.last.eq(ig.last),
+                     i2.o.eq(ig.o), i2.live.eq(ig.live), on2.eq(on_g), relu2.eq(relu_g)]
         with m.If(i2.valid):
             m.d.sync += [s.count("mac_input_grad", popcount(on2)),
                          s.count("skip_zero", popcount(i2.live & ~on2)),
                          s.count("weight_reads", on2 != 0),
                          s.count("grad_lane_reads", popcount(on2))]
-        # t+2: W[j, k] and dY read; t+2+B: the weight (the broadcast register's) to every
+        # t+2+G: W[j, k] and dY; t+2+G+B: the weight (the broadcast register's) to every
         # lane with its sample's dY[b, j]
         ib, (on_b, relu_b, dy_b), ib_busy = self._meet_broadcast(
             m, s, "ig", i2, [on2, relu2, s.gmem.rd.data])
