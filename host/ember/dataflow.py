@@ -299,6 +299,13 @@ WEIGHT_BROADCAST_STAGES = 1
 #: into the enable, in the read data's own cycle, was the critical path (docs/boards.md,
 #: session 12). The input gradient's kept-channel addresses are registered with them.
 GATE_STAGES = 1
+#: Registers in front of the activation and gradient memories' writes (ember_hw.lanemem,
+#: write_stages): each write goes to all P lanes' block RAMs, and on the 32-lane ECP5 build
+#: that net, straight from the multiplexer of the memories' writers, was the critical path
+#: (docs/boards.md, session 14). No phase reads a word it wrote this soon, and a phase's
+#: next reads come after the next phase's PHASE_WORDS words are loaded, so no cycle count
+#: changes.
+MEMORY_WRITE_STAGES = 1
 #: Cycles from a forward or input-gradient step to the snapshot of its sums: the activation
 #: read, the gates, the weight (and dY) read, the broadcast, the operand and product
 #: registers, the accumulator.

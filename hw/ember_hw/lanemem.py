@@ -20,9 +20,16 @@ Ports (``sync`` domain):
   ``rd.en`` (init 1) In, ``rd.data`` Out, one cycle after the read.
 - ``wr``: ``Out(WritePort.Signature(addr_width, unsigned(lanes * lane_bits),
   granularity=lane_bits))``: ``wr.addr``, ``wr.data`` In; ``wr.en`` In(lanes).
+
+``write_stages`` (default 0): registers between the write port and the lanes' memories, so
+a write takes effect that many cycles after the cycle that presents it. Why: the write data
+goes to every lane's block RAM, across the die on a 32-lane ECP5 build, and from a
+multiplexer of the memory's writers that net was the critical path (docs/boards.md, session
+14); from a register it has the cycle to itself. A user must not read a word in the cycles
+between presenting its write and the write taking effect.
 """
 
-from amaranth import Module, unsigned
+from amaranth import Module, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory, ReadPort, WritePort
 from amaranth.lib.wiring import Out
@@ -44,15 +51,22 @@ def lane_ports(lanes, depth, lane_bits):
 class LaneMemory(wiring.Component):
     """``lanes`` memories of ``depth`` x ``lane_bits`` behind the ports of one wide memory."""
 
-    def __init__(self, lanes, depth, lane_bits=16):
+    def __init__(self, lanes, depth, lane_bits=16, write_stages=0):
         if lanes < 1 or depth < 1 or lane_bits < 1:
             raise ValueError(f"a lane memory needs lanes, depth and lane_bits >= 1, not "
                              f"{lanes}, {depth}, {lane_bits}")
         self.lanes, self.depth, self.lane_bits = lanes, depth, lane_bits
+        self.write_stages = write_stages
         super().__init__(lane_ports(lanes, depth, lane_bits))
 
     def elaborate(self, platform):
         m = Module()
+        addr, data, en = self.wr.addr, self.wr.data, self.wr.en
+        for n in range(1, self.write_stages + 1):
+            later = [Signal.like(v, name=f"wr{n}_{f}")
+                     for v, f in ((addr, "addr"), (data, "data"), (en, "en"))]
+            m.d.sync += [r.eq(v) for r, v in zip(later, (addr, data, en))]
+            addr, data, en = later
         for i in range(self.lanes):
             mem = Memory(shape=unsigned(self.lane_bits), depth=self.depth, init=[])
             m.submodules[f"lane{i}"] = mem
@@ -60,7 +74,6 @@ class LaneMemory(wiring.Component):
             w = mem.write_port()
             m.d.comb += [r.addr.eq(self.rd.addr), r.en.eq(self.rd.en),
                          self.rd.data.word_select(i, self.lane_bits).eq(r.data),
-                         w.addr.eq(self.wr.addr),
-                         w.data.eq(self.wr.data.word_select(i, self.lane_bits)),
-                         w.en.eq(self.wr.en[i])]
+                         w.addr.eq(addr), w.data.eq(data.word_select(i, self.lane_bits)),
+                         w.en.eq(en[i])]
         return m

@@ -228,8 +228,10 @@ class SampleEngine(wiring.Component):
         s.p_rd, s.p_wr = memory("pmem", unsigned(spec.LABEL_BITS), bld.max_batch)
         # the kept list: (j, j * K) of each kept channel of the current layer
         s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits), bld.max_width)
-        m.submodules.amem = s.amem = LaneMemory(P, self.act_words, spec.ACT_BITS)
-        m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS)
+        m.submodules.amem = s.amem = LaneMemory(P, self.act_words, spec.ACT_BITS,
+                                                write_stages=dataflow.MEMORY_WRITE_STAGES)
+        m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS,
+                                                write_stages=dataflow.MEMORY_WRITE_STAGES)
         # one lane's entry of the gradient word read, for argmax and loss (one P-way
         # multiplexer for both: each gathers every lane's memory into one place)
         s.pick_lane = Signal(range(P))
