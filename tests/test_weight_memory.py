@@ -17,6 +17,7 @@ from amaranth.sim import Simulator
 from ember import golden, spec
 from ember.spec import ConfigError, StepSettings
 from ember_hw.engine import EngineCore
+from ember_hw.sample_engine import SampleEngine
 from ember_hw.weights import WeightMemory
 from ember_sim import rtl
 
@@ -145,6 +146,12 @@ def test_builds_select_spram():
         dataclasses.replace(ice, lanes=8)
     with pytest.raises(ConfigError, match="weight_words 16385"):
         dataclasses.replace(ice, weight_words=spec.SPRAM_WORDS + 1)
+    # engine v2 reads one weight a cycle for all lanes: every weight in one SPRAM, any lanes
+    v2 = dataclasses.replace(ice, dataflow="samples", lanes=8, weight_words=spec.SPRAM_WORDS // 8)
+    text = rtlil.convert(SampleEngine(v2, tally=False), name="core")
+    assert text.count("cell \\SB_SPRAM256KA ") == 1
+    with pytest.raises(ConfigError, match="weight_words 8193 x lanes 2 = 16386"):
+        dataclasses.replace(ice, dataflow="samples", weight_words=spec.SPRAM_WORDS // 2 + 1)
     # the engine of that build holds its weights in four SPRAMs
     text = rtlil.convert(EngineCore(dataclasses.replace(spec.BUILDS["tiny"], weight_spram=True)),
                          name="core")

@@ -310,6 +310,15 @@ SCORE_TREE_STAGES = 2
 #: Cycles from a weight-gradient step to its input's accumulator over the blocks: the
 #: activation read, the dY read, the operand and product registers, then the tree.
 GRAD_SUM_LATENCY = 4 + GRAD_TREE_STAGES
+#: Cycles from the weight gradient's sum of a (j, k) to the update unit's write of W[j, k]
+#: (ember_hw.sample_engine._update: the new weight, its register, the write).
+UPDATE_WRITE_LATENCY = 3
+#: Cycles from the update's read of W[j, k] to its write: a group's spec.GRAD_HOLD updates
+#: come one a cycle, so on a single-port weight memory (an SB_SPRAM256KA, Build.weight_spram)
+#: their reads and writes then fall in separate cycles.
+UPDATE_WRITE_DISTANCE = spec.GRAD_HOLD
+#: The update reads W[j, k] this many cycles before the sum of its gradient is done.
+UPDATE_READ_LEAD = UPDATE_WRITE_DISTANCE - UPDATE_WRITE_LATENCY
 #: Cycles from a phase's last step to the end of its drain, per kind, for P lanes: the
 #: pipeline's stages, and the forward writeback's P + 4 busy cycles after the snapshot, the
 #: dX drain's lane a cycle, the update's three stages after the weight gradient's sum.
@@ -317,7 +326,7 @@ _DRAIN = {"forward": lambda P: SNAP_LATENCY + P + 5, "logits": lambda P: SNAP_LA
           "argmax": lambda P: 3, "loss": lambda P: 3,
           "select": lambda P: 3 + SCORE_TREE_STAGES,
           "input_grad": lambda P: SNAP_LATENCY + P + 2, "requant": lambda P: 5,
-          "weight_grad": lambda P: GRAD_SUM_LATENCY + 4,
+          "weight_grad": lambda P: GRAD_SUM_LATENCY + UPDATE_WRITE_LATENCY + 1,
           "psg_max": lambda P: GRAD_SUM_LATENCY + 1}
 
 
@@ -344,6 +353,46 @@ def _book_cycles(build):
     return 3 + 4 * (book_multiplier_bits(build) + 2)
 
 
+def _update_stalls(bounds, build, passes):
+    """The cycles a weight-gradient phase with these (effective) bounds waits so that no
+    update reads the single-port weight memory in the cycle an earlier one writes it
+    (ember_hw.sample_engine._update_stall), on a weight_spram build (none on another). A
+    step that ends in an update (the last sample block's, in the last pass) waits while the
+    update issued UPDATE_WRITE_DISTANCE cycles before it would write.
+
+    None wait when each input group is spec.GRAD_HOLD wide and has two sample blocks or
+    more: a group's updates come GRAD_HOLD in a row, then at least GRAD_HOLD steps without
+    one (the next group's other blocks). With one pass (no PSG) nothing else holds the
+    steps, so the waits are counted here exactly, walking the steps of each (channel, input
+    group) with the issued updates of the last UPDATE_WRITE_DISTANCE cycles. Under PSG
+    (the second pass waits for decisions, which depend on the data): each cycle waited is
+    owed to the update issued UPDATE_WRITE_DISTANCE cycles before, which is not the last,
+    so the updates less one bound them."""
+    if not build.weight_spram:
+        return 0
+    inner, blocks = bounds[INNER], bounds[GRAD_BLOCK_LEVEL]
+    if inner == spec.GRAD_HOLD and blocks >= 2:
+        return 0
+    units = int(np.prod(bounds)) // (inner * blocks * bounds[PASS_LEVEL])
+    if passes != 1:
+        return max(units * inner - 1, 0)
+    steps = [False] * (inner * (blocks - 1)) + [True] * inner
+    distance = UPDATE_WRITE_DISTANCE
+    walked = {}                         # the recent updates at a unit's start -> its waits
+    recent, total = (False,) * distance, 0
+    for _ in range(units):
+        if recent not in walked:
+            history, waits = recent, 0
+            for update in steps:
+                while update and history[-1]:
+                    history, waits = (False,) + history[:-1], waits + 1
+                history = (update,) + history[:-1]
+            walked[recent] = waits, history
+        waits, recent = walked[recent]
+        total += waits
+    return total
+
+
 def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     """An upper bound on the busy cycles the v2 core (ember_hw.sample_engine) spends on the
     phase `ph` of a command at batch `batch`: PHASE_OVERHEAD, its steps and what holds them,
@@ -365,7 +414,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
                        and before them its header and bookkeeping (_book_cycles);
       weight_grad:     its steps; under PSG the second pass of each (channel, input group)
                        waits up to GRAD_SUM_LATENCY + 1 cycles for the first pass's
-                       decisions;
+                       decisions; on a weight_spram build, _update_stalls;
       argmax, requant, psg_max: their steps.
     """
     P = build.lanes
@@ -393,6 +442,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
         run = steps * (3 * ph.outputs + 23 + 4)
     elif kind == "weight_grad":
         run = steps + ((GRAD_SUM_LATENCY + 1) * bounds[0] * bounds[1] if passes == 2 else 0)
+        run += _update_stalls(bounds, build, bounds[PASS_LEVEL])
     else:
         run = steps
     if kind == "select":

@@ -203,11 +203,15 @@ class Build:
                      port at it and the energy model charges each link byte its time on the
                      line at it. A board build's must be a rate its USB-serial bridge makes
                      (docs/boards.md, "The link").
-    weight_spram:    keep the weight memory in iCE40 UltraPlus SPRAM (one SB_SPRAM256KA per
-                     lane, so lanes <= SPRAM_BLOCKS and weight_words <= SPRAM_WORDS) instead of
-                     a generic memory (block RAM). Only the iCE40UP bitstream and RTL
-                     simulation with Yosys's cell models (ember_sim adds them) can take such
-                     a build, not the Amaranth simulator nor the ECP5. See ember_hw.weights.
+    weight_spram:    keep the weight memory in iCE40 UltraPlus SPRAM instead of a generic
+                     memory (block RAM): on engine v1 one SB_SPRAM256KA per lane (so lanes <=
+                     SPRAM_BLOCKS and weight_words <= SPRAM_WORDS), on engine v2 (dataflow
+                     "samples", one weight read a cycle for all lanes) one SB_SPRAM256KA for
+                     every weight (weight_words * lanes <= SPRAM_WORDS). Only the iCE40UP
+                     bitstream and RTL simulation with Yosys's cell models (ember_sim adds
+                     them) can take such a build, not the Amaranth simulator nor the ECP5
+                     (SampleEngine's tests run its single-port schedule on a generic memory
+                     there). See ember_hw.weights.
     """
     name: str = "sim"
     lanes: int = 8
@@ -239,7 +243,14 @@ class Build:
                               "the command's deferred write)")
         if self.lanes < 2 or self.lanes & (self.lanes - 1):
             raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
-        if self.weight_spram and (self.lanes > SPRAM_BLOCKS or self.weight_words > SPRAM_WORDS):
+        if self.weight_spram and self.dataflow == "samples":
+            # engine v2 reads one weight a cycle for every lane: all of them in one SPRAM
+            if self.weight_words * self.lanes > SPRAM_WORDS:
+                raise ConfigError(f"build '{self.name}': engine v2 keeps its weights in one "
+                                  f"SB_SPRAM256KA of {SPRAM_WORDS} words; weight_words "
+                                  f"{self.weight_words} x lanes {self.lanes} = "
+                                  f"{self.weight_words * self.lanes}")
+        elif self.weight_spram and (self.lanes > SPRAM_BLOCKS or self.weight_words > SPRAM_WORDS):
             raise ConfigError(f"build '{self.name}': weights in SPRAM take one SB_SPRAM256KA per "
                               f"lane and at most {SPRAM_WORDS} words; lanes {self.lanes} (at most "
                               f"{SPRAM_BLOCKS}), weight_words {self.weight_words}")

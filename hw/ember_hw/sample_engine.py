@@ -96,6 +96,7 @@ from .loss import SoftmaxGradUnit
 from .requant import DxRequantizer
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
+from .weights import WeightMemory
 from .writeback import ForwardWriteback
 
 #: The events the core counts (the link's and the cycle counters are the shell's).
@@ -128,8 +129,15 @@ BLOCK = dataflow.BLOCK_LEVEL
 class SampleEngine(wiring.Component):
     """The v2 core (module docstring)."""
 
-    def __init__(self, build=spec.DEFAULT_BUILD, tally=True):
-        self.build, self.tally = build, tally
+    def __init__(self, build=spec.DEFAULT_BUILD, tally=True, spram=None):
+        # spram: the weight memory's implementation (ember_hw.weights), the build's unless
+        # given; a weight_spram build on the generic memory keeps its single-port schedule,
+        # which the Amaranth simulator can then run and check (wmem.conflict)
+        spram = build.weight_spram if spram is None else spram
+        if spram and not build.weight_spram:
+            raise ValueError(f"build '{build.name}': SPRAM weights need the single-port "
+                             "schedule of a weight_spram build")
+        self.build, self.tally, self.spram = build, tally, spram
         P = build.lanes
         self.logp = ceil_log2(P)
         self.weight_depth = build.weight_words * P
@@ -219,7 +227,10 @@ class SampleEngine(wiring.Component):
             return mem.read_port(transparent_for=()), mem.write_port()
 
         s.prog_rd, s.prog_wr = memory("prog", unsigned(spec.BUS_DATA_BITS), dataflow.PROGRAM_WORDS)
-        s.w_rd, s.w_wr = memory("wmem", unsigned(spec.WEIGHT_BITS), self.weight_depth)
+        # every weight in one memory of 16-bit words: one SB_SPRAM256KA on a weight_spram
+        # build (a read is broadcast to all lanes, so one SPRAM serves any lane count)
+        m.submodules.wmem = self.wmem = WeightMemory(1, self.weight_depth, spram=self.spram)
+        s.w_rd, s.w_wr = self.wmem.rd, self.wmem.wr
         s.s_rd, s.s_wr = memory("smem", signed(spec.DX_BITS), bld.scratch_entries)
         s.l_rd, s.l_wr = memory("lmem", unsigned(spec.LABEL_BITS), bld.max_batch)
         s.p_rd, s.p_wr = memory("pmem", unsigned(spec.LABEL_BITS), bld.max_batch)
@@ -234,6 +245,9 @@ class SampleEngine(wiring.Component):
         m.d.comb += s.lane_value.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
                                           for i in range(P))[s.pick_lane].as_signed())
         idle = ~s.busy
+        # the weight memory reads only where a phase asks (below) or the bus while idle, and
+        # never in the cycle of a bus write: a SPRAM has one port (ember_hw.weights)
+        m.d.comb += s.w_rd.en.eq(idle & ~self.w_wr_en)
         m.d.comb += [s.prog_wr.addr.eq(self.prog_wr_addr), s.prog_wr.data.eq(self.prog_wr_data),
                      s.prog_wr.en.eq(self.prog_wr_en & idle),
                      s.l_wr.addr.eq(self.label_wr_addr), s.l_wr.data.eq(self.label_wr_data),
@@ -339,10 +353,12 @@ class SampleEngine(wiring.Component):
         # the weight read for the lanes, WEIGHT_BROADCAST_STAGES registers after the memory
         # (the update and the bus read the memory's data directly)
         s.w_bcast = s.w_rd.data
+        s.w_bcast_regs = []
         for n in range(1, WEIGHT_BROADCAST_STAGES + 1):
             reg = Signal.like(s.w_rd.data, name=f"w_bcast{n}", reset_less=True)
             m.d.sync += reg.eq(s.w_bcast)
             s.w_bcast = reg
+            s.w_bcast_regs.append(reg)
         value_bits = max(LACC, spec.DX_BITS)
         m.submodules.shifter = s.shifter = RoundingShifter(value_bits, spec.SHIFT_MAX)
         m.submodules.writeback = s.wb = ForwardWriteback(
@@ -811,6 +827,18 @@ class SampleEngine(wiring.Component):
             m.d.sync += [sb[f].eq(sa[f]) for f, _ in fields]
         s.in_flight.append(w1.valid | w2.valid | Cat(*[st["valid"] for st in stages]).any())
         summed = stages[-1]
+        # the update reads W[j, k] UPDATE_READ_LEAD cycles before its sum, so its read and
+        # its write (3 cycles after the sum) are GRAD_HOLD cycles apart: a group's GRAD_HOLD
+        # updates in a row then read and write in separate cycles (_update_stall)
+        lead = dataflow.UPDATE_READ_LEAD
+        if not 0 <= lead <= GRAD_SUM_LATENCY - 3:
+            raise ValueError(f"the update's read {lead} cycles before the weight gradient's "
+                             f"sum is not in a stage that holds its address")
+        early = stages[-1 - lead]
+        m.d.comb += [s.upd_read.eq(early["valid"] & early["lb"] & s.is_["weight_grad"]
+                                   & (~self.psg | early["pass"])),
+                     s.upd_read_addr.eq(early["w"])]
+        self._update_stall(m, s, s.is_["weight_grad"] & s.last[BL] & (~self.psg | pass1))
         tree = pipelined_tree_sum(m, [s.lanes.product(i) for i in range(P)],
                                   dataflow.GRAD_TREE_STAGES, signed(s.LACC), "wg_tree")
         # t + GRAD_SUM_LATENCY: the input's accumulator over the blocks, and its live MACs
@@ -842,6 +870,21 @@ class SampleEngine(wiring.Component):
                              s.upd_sure.eq(s.confident.bit_select(summed["o"], 1)),
                              s.upd_pred_negative.eq(s.pred_negative.bit_select(summed["o"], 1))]
 
+    def _update_stall(self, m, s, update_step):
+        """The single-port rule on a weight_spram build: a weight-gradient step that ends in
+        an update (`update_step`, at the nest) waits while the update issued
+        dataflow.UPDATE_WRITE_DISTANCE cycles before it would write in the cycle this one
+        reads. A group's updates (at most GRAD_HOLD in a row, then the next group's other
+        blocks or first pass) never wait; one block of samples, or a remainder group, costs
+        at most a cycle per update (dataflow.phase_cycle_bound)."""
+        if not self.build.weight_spram:
+            return                      # a generic memory reads and writes in one cycle
+        distance = dataflow.UPDATE_WRITE_DISTANCE
+        recent = Signal(distance)       # bit i: an update step was issued i + 1 cycles ago
+        m.d.sync += recent.eq(Cat(s.issue & update_step, recent[:-1]))
+        with m.If(s.nest.valid & update_step & recent[distance - 1]):
+            m.d.comb += s.stall.eq(1)
+
     # ---------------------------------------------------------------- update
     def _update(self, m, s):
         """W[j, k] from its gradient: SGD W - round_shift(G, shift), or PSG's sign step
@@ -860,11 +903,20 @@ class SampleEngine(wiring.Component):
                      neg1.eq(Mux(s.upd_sure, s.upd_pred_negative, s.upd_value < 0)),
                      zero1.eq(~s.upd_sure & (s.upd_value == 0)),
                      u2.eq(u1), a2.eq(a1), neg2.eq(neg1), zero2.eq(zero1), a3.eq(a2)]
-        # u1: read the weight; u2: the new weight
-        with m.If(u1):
-            m.d.comb += [s.w_rd.addr.eq(a1), s.w_rd.en.eq(1)]
+        # the weight, read UPDATE_READ_LEAD cycles before upd_start, held until u2 (the
+        # broadcast registers, idle in this phase, hold it first); u2: the new weight
+        with m.If(s.upd_read):
+            m.d.comb += [s.w_rd.addr.eq(s.upd_read_addr), s.w_rd.en.eq(1)]
             m.d.sync += s.count("weight_reads")
-        old = s.w_rd.data.as_signed()
+        old = s.w_rd.data
+        for n in range(dataflow.UPDATE_READ_LEAD + 1):
+            if n < len(s.w_bcast_regs):
+                old = s.w_bcast_regs[n]
+            else:
+                reg = Signal.like(s.w_rd.data, name=f"up_old{n}", reset_less=True)
+                m.d.sync += reg.eq(old)
+                old = reg
+        old = old.as_signed()
         step = Const(1, signed(spec.WEIGHT_BITS + 2)) << self.psg_step_shift
         sgd = old - s.shifter.out
         sign_step = Mux(zero2, 0, Mux(neg2, -step, step))
@@ -1093,6 +1145,8 @@ class _Core:
         self.tau = Signal(max(lacc, 32))
         m.d.comb += self.tau.eq(Mux(engine.psg_relative, self.tau_relative, engine.psg_tau))
         self.upd_start = Signal()
+        self.upd_read = Signal()            # the update's weight read (before upd_start)
+        self.upd_read_addr = Signal(engine.w_bits)
         self.upd_addr = Signal(engine.w_bits)
         self.upd_value = Signal(signed(lacc))
 
