@@ -69,8 +69,6 @@ HEADER_WORDS = 2
 #: generator its base and one delta per level.
 BOUND_WORDS = -(-LEVELS // 2)
 PHASE_WORDS = HEADER_WORDS + BOUND_WORDS + len(GENERATORS) * (1 + LEVELS)
-#: Program words the engine holds (v2 builds).
-PROGRAM_WORDS = 1024
 WORD_MASK = (1 << spec.BUS_DATA_BITS) - 1
 
 
@@ -498,9 +496,9 @@ def encode(phases, build):
             words.append(ph.nest.bases[g] & WORD_MASK)
             words.extend(d & WORD_MASK for d in deltas[g])
     words += [KINDS["end"]] * HEADER_WORDS
-    if len(words) > PROGRAM_WORDS:
+    if len(words) > build.program_words:
         raise spec.ConfigError(f"the program has {len(words)} words; the engine holds "
-                               f"{PROGRAM_WORDS}")
+                               f"{build.program_words} (build '{build.name}')")
     return words
 
 
@@ -735,8 +733,8 @@ _PHASE_CHECKS = (_header_fault, _kept_list_fault, _bound_fault, _run_time_stride
 
 
 #: The checks of `verify_verdict`, in the order it makes them: "end" (no end phase inside
-#: PROGRAM_WORDS, or a phase's words pass them), "kind" (a kind KINDS does not name), then
-#: one per _PHASE_CHECKS entry. The 32-bit-word check (_word_fault) is not one of them: it
+#: the build's program_words, or a phase's words pass them), "kind" (a kind KINDS does not
+#: name), then one per _PHASE_CHECKS entry. The 32-bit-word check (_word_fault) is not one of them: it
 #: is the host's alone (the program memory holds 32-bit words).
 VERIFY_CHECKS = ("end", "kind") + tuple(check.__name__[1:-len("_fault")]
                                         for check in _PHASE_CHECKS)
@@ -752,7 +750,7 @@ def verify(words, build):
     The core's run-time checks, made here for every value the run may give the levels it
     bounds at run time (run_time_bounds): a kind it knows, bounds of 1 or more, each
     generator's whole range over the nest inside its limit (`limits`), the addresses formed
-    from them (derived_reach), and an "end" phase inside PROGRAM_WORDS. Where the core's
+    from them (derived_reach), and an "end" phase inside the build's program_words. Where the core's
     check is finer than a static bound, this one refuses more: the header's fields in their
     registers' ranges, a kept phase with its select phase's layer and shape, a run-time level
     that steps no generator (unless outermost), a select phase over at most its N channels,
@@ -771,11 +769,11 @@ def verify_verdict(words, build):
     a 32-bit word is refused as check "word", which is not in VERIFY_CHECKS: the program
     memory cannot hold one, so only the host sees it."""
     at, index, select = 0, 0, None
-    end = min(len(words), PROGRAM_WORDS)
+    end = min(len(words), build.program_words)
     while True:
         if at + HEADER_WORDS > end:
             return index, "end", (f"phase {index}: no end phase at word {at}; the program has "
-                                  f"{len(words)} words, the engine holds {PROGRAM_WORDS}")
+                                  f"{len(words)} words, the engine holds {build.program_words}")
         reason = _word_fault(words, at, HEADER_WORDS)
         if reason:
             return index, "word", f"phase {index}: {reason}"

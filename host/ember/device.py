@@ -102,7 +102,7 @@ def build_info(build):
         "scratch_entries": build.scratch_entries,
         "max_batch": build.max_batch, "max_layers": build.max_layers,
         "max_width": build.max_width, "clock_hz": build.clock_hz, "baud": build.baud,
-        "dataflow": build.dataflow,
+        "dataflow": build.dataflow, "program_words": build.program_words,
         "features": list(build.features), "version": __version__,
     }
 
@@ -113,6 +113,7 @@ def build_of(info):
                                    "scratch_entries", "max_batch", "max_layers", "max_width",
                                    "clock_hz", "baud")}
     fields["dataflow"] = info.get("dataflow", "outputs")
+    fields["program_words"] = info.get("program_words", spec.Build.program_words)
     return spec.Build(name=info["build"], features=tuple(info["features"]), **fields)
 
 
@@ -163,6 +164,7 @@ class EngineDevice(Device):
                                 scratch_entries=regs["scratch_entries"],
                                 max_batch=regs["max_batch"], max_layers=regs["max_layers"],
                                 max_width=regs["max_width"], clock_hz=base.clock_hz,
+                                program_words=base.program_words,
                                 baud=regs["baud"], dataflow=spec.DATAFLOWS[regs["dataflow"]],
                                 features=tuple(f for i, f in enumerate(spec.FEATURES)
                                                if regs["features"] >> i & 1))

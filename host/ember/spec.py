@@ -212,6 +212,10 @@ class Build:
                      them) can take such a build, not the Amaranth simulator nor the ECP5
                      (SampleEngine's tests run its single-port schedule on a generic memory
                      there). See ember_hw.weights.
+    program_words:   engine v2's program memory, 32-bit words (ember.dataflow.encode): the
+                     longest program the build runs (check_network refuses a network whose
+                     program needs more, dataflow.program_words_needed). 1024 is 8 block RAMs
+                     of the iCE40, 512 four.
     """
     name: str = "sim"
     lanes: int = 8
@@ -225,6 +229,7 @@ class Build:
     clock_hz: int = 48_000_000
     baud: int = DEFAULT_BAUD
     weight_spram: bool = False
+    program_words: int = 1024
     features: tuple = FEATURES
     dataflow: str = "outputs"
 
@@ -241,6 +246,9 @@ class Build:
         if "watchdog" in self.features and "abort" not in self.features:
             raise ConfigError(f"build '{self.name}': watchdog needs abort (its stop answers "
                               "the command's deferred write)")
+        if self.program_words < 1:
+            raise ConfigError(f"build '{self.name}': program_words {self.program_words} must "
+                              "be 1 or more")
         if self.lanes < 2 or self.lanes & (self.lanes - 1):
             raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
         if self.weight_spram and self.dataflow == "samples":
@@ -372,10 +380,13 @@ BUILDS = {
     # 3 Mbaud: 8 cycles of 24 MHz per bit (exact) and 12 MHz / 4 on the FT2232H; 6 Mbaud
     # (4 cycles, ember_hw.uart.MIN_DIVISOR) would put the receiver's one sample per bit
     # anywhere from 50 to 75 % into the bit (docs/boards.md, "The link").
+    # Engine v2 (dataflow "samples", not yet this build's) would hold its program in 512
+    # words (4 block RAMs): digits' 64-32-10 train program needs 379 (check_network refuses
+    # the largest networks at these sizes, 582).
     "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS, act_bytes=2048,
                         grad_words=512, scratch_entries=512, max_batch=16, max_layers=3,
                         max_width=64, clock_hz=24_000_000, baud=3_000_000, weight_spram=True,
-                        features=("zero_skip", "slu")),
+                        program_words=512, features=("zero_skip", "slu")),
     # a small build for fast RTL tests (Icarus included) and the CI bitstream of the ULX3S
     # flow (tests/test_bitstream.py): it routes at 47 to 57 MHz on the ECP5-85F, so 40 MHz
     # leaves margin for other nextpnr versions; 2 Mbaud is 20 cycles of 40 MHz and a rate the
@@ -455,10 +466,10 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
     if build.dataflow == "samples":
         from . import dataflow
         need = dataflow.program_words_needed(layers, build, batch)
-        if need > dataflow.PROGRAM_WORDS:
+        if need > build.program_words:
             raise ConfigError(f"network {layers}{'' if batch is None else f' with batch {batch}'}"
                               f" needs a program of {need} words; build '{build.name}' "
-                              f"holds {dataflow.PROGRAM_WORDS}")
+                              f"holds {build.program_words}")
     return layers
 
 

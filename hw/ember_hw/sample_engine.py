@@ -75,8 +75,22 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   through the rounding shifter, or under PSG a first pass of the high bits' products (the
   prediction) and a second pass at full precision only where the prediction is not
   confident; the sign step. The second pass's first step waits for the group's decisions.
+  The update reads W[j, k] dataflow.UPDATE_READ_LEAD cycles before the sum and writes it
+  dataflow.UPDATE_WRITE_LATENCY cycles after: read and write UPDATE_WRITE_DISTANCE =
+  GRAD_HOLD cycles apart, so a group's updates in a row never read and write in one cycle.
 - psg_max (the same nest, one pass): PSG's relative threshold, the layer's largest
   |prediction|.
+
+The weight memory (ember_hw.weights.WeightMemory, `wmem`) holds one 16-bit weight per
+word, so on a ``Build.weight_spram`` build one SB_SPRAM256KA holds every weight for any lane
+count. A SPRAM has one port: a cycle reads or writes. The bus writes only while idle (and
+the read port is off in that cycle); the forward and input-gradient phases only read; the
+weight-gradient phase reads and writes only in the update, and on such a build an update
+step waits while the update issued UPDATE_WRITE_DISTANCE cycles before it would write in
+its read cycle (_update_stall; dataflow._update_stalls counts the waits for the cycle
+bound: none with two sample blocks or more and full input groups). ``wmem.conflict`` would
+record a cycle that did both; tests/test_sample_engine.py runs the schedule on the generic
+memory (``SampleEngine(build, spram=False)``) and checks it stays 0.
 """
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
@@ -169,10 +183,10 @@ class SampleEngine(wiring.Component):
             "ssprop_random": In(1),
             "lfsr_seed": In(16),
             "correct": Out(range(build.max_batch + 1)),
-            "prog_wr_addr": In(ceil_log2(dataflow.PROGRAM_WORDS)),
+            "prog_wr_addr": In(ceil_log2(build.program_words)),
             "prog_wr_data": In(spec.BUS_DATA_BITS),
             "prog_wr_en": In(1),
-            "prog_rd_addr": In(ceil_log2(dataflow.PROGRAM_WORDS)),
+            "prog_rd_addr": In(ceil_log2(build.program_words)),
             "prog_rd_data": Out(spec.BUS_DATA_BITS),
             "w_wr_addr": In(self.w_bits),
             "w_wr_data": In(spec.WEIGHT_BITS),
@@ -226,7 +240,7 @@ class SampleEngine(wiring.Component):
             m.submodules[name] = mem = Memory(shape=shape, depth=depth, init=[])
             return mem.read_port(transparent_for=()), mem.write_port()
 
-        s.prog_rd, s.prog_wr = memory("prog", unsigned(spec.BUS_DATA_BITS), dataflow.PROGRAM_WORDS)
+        s.prog_rd, s.prog_wr = memory("prog", unsigned(spec.BUS_DATA_BITS), bld.program_words)
         # every weight in one memory of 16-bit words: one SB_SPRAM256KA on a weight_spram
         # build (a read is broadcast to all lanes, so one SPRAM serves any lane count)
         m.submodules.wmem = self.wmem = WeightMemory(1, self.weight_depth, spram=self.spram)
@@ -1108,7 +1122,7 @@ class _Core:
         self.inc = engine.inc
         m.d.sync += self.inc.eq(0)
         self.busy, self.fault = Signal(), Signal()
-        self.pc = Signal(ceil_log2(dataflow.PROGRAM_WORDS + 1))
+        self.pc = Signal(ceil_log2(bld.program_words + 1))
         self.correct = Signal(range(bld.max_batch + 1))
         self.in_flight = []
         self.busy_units = Signal()
