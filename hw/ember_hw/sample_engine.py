@@ -359,10 +359,20 @@ class SampleEngine(wiring.Component):
     # ---------------------------------------------------------------- shared datapath
     def _datapath(self, m, s):
         bld, P = self.build, s.P
+        # the activation, scratch and gradient memories' read addresses follow generator a
+        # unless a phase reads elsewhere: the phases that read them at a (forward, both
+        # gradients, requant, argmax) then need no multiplexer, and a read no phase uses
+        # is harmless (these memories are written only by the core's units and the bus)
+        m.d.comb += [s.amem.rd.addr.eq(s.addr["a"]), s.s_rd.addr.eq(s.addr["a"]),
+                     s.gmem.rd.addr.eq(s.addr["a"])]
         OPND = max(spec.WEIGHT_BITS, spec.GRAD_BITS, spec.ACT_BITS + 1)
         # the lanes accumulate forward sums, and the input gradient's sums over the outputs of
         # W x dY (wider: spec.Build.dx_acc_bits); no sum wraps
         s.LACC = LACC = max(bld.lane_acc_bits(), bld.dx_acc_bits())
+        # a weight gradient's sum over the batch (spec.Build.lane_acc_bits): the adder tree,
+        # the group's accumulators and the update's input need no more
+        s.GACC = bld.lane_acc_bits()
+        s.GACC_ROUND = max(s.GACC, spec.DX_BITS)
         m.submodules.lanes = s.lanes = MacLanes(P, OPND, LACC)
         # the weight read for the lanes, WEIGHT_BROADCAST_STAGES registers after the memory
         # (the update and the bus read the memory's data directly)
@@ -373,10 +383,12 @@ class SampleEngine(wiring.Component):
             m.d.sync += reg.eq(s.w_bcast)
             s.w_bcast = reg
             s.w_bcast_regs.append(reg)
-        value_bits = max(LACC, spec.DX_BITS)
-        m.submodules.shifter = s.shifter = RoundingShifter(value_bits, spec.SHIFT_MAX)
+        # what the shifter rounds: forward sums and weight gradients (both within
+        # lane_acc_bits) and dX (DX_BITS); the input gradient's wider sums (dx_acc_bits) reach
+        # it only as dX, so a head of the lanes' snapshot it takes fits, and is exact, in these
+        m.submodules.shifter = s.shifter = RoundingShifter(s.GACC_ROUND, spec.SHIFT_MAX)
         m.submodules.writeback = s.wb = ForwardWriteback(
-            P, LACC, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
+            P, s.GACC_ROUND, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
             shift_bits=len(s.shift))
         m.submodules.requant = s.req = DxRequantizer()
         m.submodules.loss = s.loss = SoftmaxGradUnit(max_classes=bld.max_width)
@@ -854,10 +866,10 @@ class SampleEngine(wiring.Component):
                      s.upd_read_addr.eq(early["w"])]
         self._update_stall(m, s, s.is_["weight_grad"] & s.last[BL] & (~self.psg | pass1))
         tree = pipelined_tree_sum(m, [s.lanes.product(i) for i in range(P)],
-                                  dataflow.GRAD_TREE_STAGES, signed(s.LACC), "wg_tree")
+                                  dataflow.GRAD_TREE_STAGES, signed(s.GACC), "wg_tree")
         # t + GRAD_SUM_LATENCY: the input's accumulator over the blocks, and its live MACs
         # (PSG's skips)
-        acc = Array(Signal(signed(s.LACC), name=f"wg_sum{i}") for i in range(R))
+        acc = Array(Signal(signed(s.GACC), name=f"wg_sum{i}") for i in range(R))
         macs = Array(Signal(range(2 * self.build.max_batch + 1), name=f"wg_macs{i}")
                      for i in range(R))
         g_now = Mux(summed["fb"], 0, acc[summed["o"]]) + tree
@@ -1162,7 +1174,7 @@ class _Core:
         self.upd_read = Signal()            # the update's weight read (before upd_start)
         self.upd_read_addr = Signal(engine.w_bits)
         self.upd_addr = Signal(engine.w_bits)
-        self.upd_value = Signal(signed(lacc))
+        self.upd_value = Signal(signed(bld.lane_acc_bits()))
 
     def count(self, name, amount=1):
         """A sync statement: `amount` of event `name` in this cycle."""
