@@ -398,7 +398,9 @@ class SampleEngine(wiring.Component):
             m.submodules.selector = s.sel = ChannelSelector(max_channels=bld.max_width)
             if "ssprop_random" in bld.features:
                 m.submodules.lfsr = s.lfsr = Lfsr16()
-        m.d.comb += s.dense.eq(s.keep >= s.N)
+        # without the ssProp unit every channel is kept (keep is N, set at BOOK_MUL): the
+        # select phase scores nothing, which synthesis cannot see from the keep register
+        m.d.comb += s.dense.eq(s.keep >= s.N if s.has_ssprop else 1)
         if s.has_ssprop and "ssprop_random" in bld.features:
             m.d.comb += [s.random.eq(self.ssprop_random), s.lfsr_state.eq(s.lfsr.state)]
         # the writeback unit takes the snapshot's head through the shifter
