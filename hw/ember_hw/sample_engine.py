@@ -774,7 +774,12 @@ class SampleEngine(wiring.Component):
         low_mode = s.is_["psg_max"] | (self.psg & ~s.pass1_at)
         # t: the kept channel (c_idx) and the activation word; o is the input's place in
         # its group (its accumulator)
-        w1 = _Stage(m, "wg1", P, len(s.addr["w"]), len(s.addr["o"]))
+        # o is below GRAD_HOLD (the nest's limit of o in these kinds, dataflow.limits), so
+        # the stages carry its low bits only: each stage bit is a logic cell on the iCE40
+        if {dataflow.limits(k, self.build)["o"] for k in ("weight_grad", "psg_max")} != {R}:
+            raise ValueError("the weight gradient's o must be limited to its group's inputs")
+        o_bits = ceil_log2(R)
+        w1 = _Stage(m, "wg1", P, len(s.addr["w"]), o_bits)
         g1 = Signal(len(s.addr["g"]))
         p1, low1, fb1, lb1 = (Signal(name=f"wg1_{n}") for n in ("pass", "low", "fb", "lb"))
         # the second pass's first step waits for the decisions of the group's first
@@ -801,7 +806,7 @@ class SampleEngine(wiring.Component):
             m.d.comb += s.gmem.rd.addr.eq(g_final)
             with m.If((w_final >= self.weight_depth) | (g_final >= self.build.grad_words)):
                 m.d.comb += s.bad_address.eq(1)
-        w2 = _Stage(m, "wg2", P, len(s.addr["w"]), len(s.addr["o"]))
+        w2 = _Stage(m, "wg2", P, len(s.addr["w"]), o_bits)
         on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
         p2, low2, skip2, fb2, lb2 = (Signal(name=f"wg2_{n}")
                                      for n in ("pass", "low", "skip", "fb", "lb"))
@@ -845,7 +850,7 @@ class SampleEngine(wiring.Component):
                 m.d.sync += s.count("skip_zero", popcount(w2.live & ~on2))
         # t+3, t+4: the products; the tree's levels; the sum at t + GRAD_SUM_LATENCY
         fields = (("valid", 1), ("fb", 1), ("lb", 1), ("last", 1), ("w", len(s.addr["w"])),
-                  ("o", len(s.addr["o"])), ("pass", 1), ("on", range(P + 1)))
+                  ("o", max(o_bits, 1)), ("pass", 1), ("on", range(P + 1)))
         stages = [{f: Signal(shape, name=f"wg{n}_{f}") for f, shape in fields}
                   for n in range(3, GRAD_SUM_LATENCY + 1)]
         first_values = {"valid": w2.valid, "fb": fb2, "lb": lb2, "last": w2.last, "w": w2.w,
