@@ -282,13 +282,8 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
         bld = dataclasses.replace(bld, features=tuple(features))
     if clock_mhz is not None:
         bld = dataclasses.replace(bld, clock_hz=int(round(clock_mhz * 1e6)))
-    if dataflow is not None and dataflow != bld.dataflow:
-        words = bld.weight_words
-        if bld.weight_spram and dataflow == "samples":
-            # engine v2 keeps every weight in one SPRAM (spec.Build)
-            words = min(words, spec.SPRAM_WORDS // bld.lanes)
-        bld = dataclasses.replace(bld, name=f"{bld.name}-{dataflow}", dataflow=dataflow,
-                                  weight_words=words)
+    if dataflow is not None:
+        bld = spec.with_dataflow(bld, dataflow)
     router = router or board_info["router"]
     placer_density = placer_density or board_info["placer_density"]
     seed = board_info["seed"] if seed is None else seed

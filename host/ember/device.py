@@ -466,8 +466,19 @@ def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=No
     port_file = os.path.join(tmp, "port")
     log_path = log or os.path.join(tmp, "board.log")
     progress_file = os.path.join(tmp, "progress")
+    name = build.name
+    for base in spec.BUILDS.values():
+        # a named build on the other engine (spec.with_dataflow): the board makes it
+        other = next((d for d in spec.DATAFLOWS if d != base.dataflow), None)
+        if name not in spec.BUILDS and other and build == spec.with_dataflow(base, other):
+            name = base.name
+            cmd_dataflow = ["--dataflow", other]
+            break
+    else:
+        cmd_dataflow = []
     cmd = [sys.executable, "-m", "ember_sim.board", "--simulator", simulator,
-           "--build", build.name, "--port-file", port_file, "--progress-file", progress_file]
+           "--build", name, "--port-file", port_file, "--progress-file", progress_file,
+           *cmd_dataflow]
     if uart:
         cmd.append("--uart")
     if top:

@@ -4,7 +4,7 @@ Gateware (``hw/``), the golden model, the host and the documentation generator a
 these names; nothing here is typed twice anywhere else. docs/numerics.md explains each one.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # --- Number formats -------------------------------------------------------------------------
 #: Master weights: signed 16-bit, Q1.14 (value = w / 2**WEIGHT_FRAC_BITS, range [-2, 2)).
@@ -402,6 +402,20 @@ BUILDS = {
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=30_000_000, baud=3_000_000),
 }
+
+def with_dataflow(build, dataflow):
+    """`build` on the other engine (DATAFLOWS), named "<name>-<dataflow>": its sizes and units,
+    and on engine v2 with weight_spram its weights cut to fit one SPRAM (v2 keeps every weight
+    in one SB_SPRAM256KA: weight_words * lanes <= SPRAM_WORDS). The board builds' and the
+    simulated board's --dataflow."""
+    if dataflow == build.dataflow:
+        return build
+    words = build.weight_words
+    if build.weight_spram and dataflow == "samples":
+        words = min(words, SPRAM_WORDS // build.lanes)
+    return replace(build, name=f"{build.name}-{dataflow}", dataflow=dataflow,
+                   weight_words=words)
+
 DEFAULT_BUILD = BUILDS["sim"]
 #: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's
 #: own build, and its baud the rate of the board's bitstream.
