@@ -90,7 +90,8 @@ step waits while the update issued UPDATE_WRITE_DISTANCE cycles before it would 
 its read cycle (_update_stall; dataflow._update_stalls counts the waits for the cycle
 bound: none with two sample blocks or more and full input groups). ``wmem.conflict`` would
 record a cycle that did both; tests/test_sample_engine.py runs the schedule on the generic
-memory (``SampleEngine(build, spram=False)``) and checks it stays 0.
+memory (``SampleEngine(build, spram=False)``) and checks it stays 0, and
+tests/test_weight_memory.py runs the SPRAM (Yosys's model) in Verilator against the model.
 """
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
