@@ -104,8 +104,14 @@ def test_train_program_steps_as_the_golden_model(seed):
 
 def test_a_program_longer_than_the_program_memory_is_refused():
     ph = dataflow.infer_program([4, 3, 2], BUILD, 8, [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT])
-    with pytest.raises(spec.ConfigError, match=f"the engine holds {dataflow.PROGRAM_WORDS}"):
+    with pytest.raises(spec.ConfigError, match=f"the engine holds {BUILD.program_words}"):
         dataflow.encode(ph * 40, BUILD)
+    # the build's figure, not a global one: half the memory refuses half as long a program
+    small = dataclasses.replace(BUILD, name="half", program_words=BUILD.program_words // 2)
+    longer = ph * (small.program_words // (len(ph) * dataflow.PHASE_WORDS) + 1)
+    with pytest.raises(spec.ConfigError, match=f"the engine holds {small.program_words}"):
+        dataflow.encode(longer, small)
+    assert len(dataflow.encode(longer, BUILD)) > small.program_words
 
 
 def test_a_network_too_big_for_the_memories_is_refused():
@@ -154,3 +160,13 @@ def test_a_network_whose_program_does_not_fit_is_refused_before_it_is_written():
     with pytest.raises(spec.ConfigError, match=r"needs a program of 1191 words; build 'sim' "
                                                r"holds 1024"):
         spec.check_network([16] * 7, build, 13)
+    # the limit is the build's: the iCEBreaker's 512 words as v2 would run it hold digits'
+    # 64-32-10 (379 words) but not three 63-wide layers (remainder phases: 756)
+    ice = dataclasses.replace(spec.BUILDS["icebreaker"], dataflow="samples",
+                              weight_words=spec.SPRAM_WORDS // spec.BUILDS["icebreaker"].lanes)
+    assert ice.program_words == 512
+    spec.check_network([64, 32, 10], ice)
+    assert dataflow.program_words_needed([64, 32, 10], ice) == 379
+    with pytest.raises(spec.ConfigError, match=r"needs a program of 756 words; build "
+                                               r"'icebreaker' holds 512"):
+        spec.check_network([63, 63, 63, 10], ice, 3)

@@ -17,11 +17,11 @@ from test_verify import (TIGHT, TIGHT_BUILDS, changed, compiled_programs, first,
                          hostile_programs, refusals, tight_program)
 
 
-def memory_image(words):
-    """The program memory after `words` are written from word 0 (the rest holds zeros: an
-    end header)."""
-    words = list(words)[:dataflow.PROGRAM_WORDS]
-    return words + [0] * (dataflow.PROGRAM_WORDS - len(words))
+def memory_image(words, build):
+    """`build`'s program memory after `words` are written from word 0 (the rest holds zeros:
+    an end header)."""
+    words = list(words)[:build.program_words]
+    return words + [0] * (build.program_words - len(words))
 
 
 def run_checks(build, programs):
@@ -30,14 +30,14 @@ def run_checks(build, programs):
     dut = ProgramCheck(build)
     m = Module()
     m.submodules.check = dut
-    m.submodules.memory = memory = Memory(shape=32, depth=dataflow.PROGRAM_WORDS, init=[])
+    m.submodules.memory = memory = Memory(shape=32, depth=build.program_words, init=[])
     port = memory.read_port()
     m.d.comb += [port.addr.eq(dut.rd_addr), dut.rd_data.eq(port.data)]
     out = []
 
     async def bench(ctx):
         for words in programs:
-            for i, word in enumerate(memory_image(words)):
+            for i, word in enumerate(memory_image(words, build)):
                 ctx.set(memory.data[i], word)
             ctx.set(dut.start, 1)
             await ctx.tick()
@@ -60,7 +60,7 @@ def run_checks(build, programs):
 
 def golden(words, build):
     """verify_verdict of the memory image: None or (phase, check name)."""
-    verdict = dataflow.verify_verdict(memory_image(words), build)
+    verdict = dataflow.verify_verdict(memory_image(words, build), build)
     return None if verdict is None else verdict[:2]
 
 

@@ -157,21 +157,42 @@ LANE_BUILDS = {P: spec.Build(name=f"lanes{P}", lanes=P, weight_words=2048 // P,
                              max_layers=4, max_width=32) for P in (2, 4, 8)}
 
 
-@pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
-@pytest.mark.parametrize("seed", range(4))
-def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
-    """A training step on random networks, batches and settings (SLU, zero skipping, PSG
-    absolute and relative, ssProp by |dY| and LFSR): the golden model's weights and correct
-    count, and every event the executor counts."""
-    build = LANE_BUILDS[lanes]
-    rng = np.random.default_rng(200 + 10 * seed + lanes)
-    layers, batch, weights, shifts, x = random_case(rng, build)
+#: A build whose weights are in one SPRAM (single port): the core's single-port schedule on
+#: the generic memory, whose `conflict` flag records a cycle that reads and writes weights.
+SPRAM_BUILD = dataclasses.replace(LANE_BUILDS[2], name="spram2", dataflow="samples",
+                                  weight_spram=True)
+#: ... with the iCEBreaker build's units: zero skipping and SLU, no PSG or ssProp
+ICE_UNITS_BUILD = dataclasses.replace(SPRAM_BUILD, name="spram2-lean",
+                                      features=("zero_skip", "slu"))
+
+
+def check_train_step(build, rng, batch=None, settings=None, layers=None):
+    """A training step of random_case on `build` (at `batch`, of `layers` if given) in the
+    Amaranth simulator against the golden model and the executor, and its cycles against the
+    watchdog's bound; returns the engine's outputs (and `conflict`: its weight memory's)."""
+    drawn, _, weights, shifts, x = random_case(rng, build)
+    if layers is not None:
+        weights = [rng.integers(-6000, 6000, (n, k)).astype(np.int16)
+                   for k, n in zip(layers[:-1], layers[1:])]
+        shifts = [spec.HIDDEN_SHIFT] * (len(layers) - 2) + [spec.OUTPUT_SHIFT]
+    layers = layers or drawn
+    while batch is not None and not fits(layers, build, batch):
+        layers = [max(2, v // 2) for v in layers]
+        weights = [w[:n, :k] for w, k, n in zip(weights, layers[:-1], layers[1:])]
+    if batch is not None or x.shape[1] != layers[0]:
+        x = rng.integers(0, 256, (batch or x.shape[0], layers[0]))
+    batch = x.shape[0]
     y = rng.integers(0, layers[-1], batch)
-    settings = random_step_settings(rng, len(layers) - 1)
+    settings = settings or random_step_settings(rng, len(layers) - 1)
+    # the settings a build without the PSG or ssProp unit accepts (the host refuses others)
+    if "psg" not in build.features:
+        settings = dataclasses.replace(settings, psg=False)
+    if "ssprop" not in build.features:
+        settings = dataclasses.replace(settings, keep_q8=spec.KEEP_ONE, ssprop_random=False)
     g = golden_for(build, layers, weights)     # (random_case's shifts are the defaults)
     correct = g.train_batch(x, y, settings)
     phases, _, counts, _ = dataflow.train_step(build, layers, weights, shifts, x, y, settings)
-    dut = SampleEngine(build)
+    dut = SampleEngine(build, spram=False)
     out = {}
 
     async def bench(ctx):
@@ -179,6 +200,7 @@ def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
             ctx, dut, dataflow.encode(phases, build), layers, weights, batch, x, build,
             y=y, settings=settings)
         out["fault"] = ctx.get(dut.fault)
+        out["conflict"] = ctx.get(dut.wmem.conflict)
 
     run_testbench(dut, bench)
     assert not out["fault"]
@@ -196,6 +218,49 @@ def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
         update_mask=settings.update_mask, zero_skip=settings.zero_skip, lr_shift=4))
     if dense == own:
         assert own <= DENSE_BOUND_OVER * out["cycles"], (out["cycles"], own)
+    out["layers"] = layers
+    return out
+
+
+@pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
+@pytest.mark.parametrize("seed", range(4))
+def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
+    """A training step on random networks, batches and settings (SLU, zero skipping, PSG
+    absolute and relative, ssProp by |dY| and LFSR): the golden model's weights and correct
+    count, and every event the executor counts."""
+    check_train_step(LANE_BUILDS[lanes], np.random.default_rng(200 + 10 * seed + lanes))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spram_schedule_never_reads_and_writes_weights_in_one_cycle(seed):
+    """A weight_spram build's core (its single-port schedule, on the generic memory the
+    Amaranth simulator runs): bit-exact as any build, and no cycle reads and writes the
+    weights (the SPRAM would do one of them). Batches of one sample block (every
+    weight-gradient step an update: the updates wait) and of several, dense and with every
+    unit's settings, on a build with every unit and on one with the iCEBreaker's."""
+    rng = np.random.default_rng(300 + seed)
+    batch = [SPRAM_BUILD.lanes, SPRAM_BUILD.lanes - 1, 7, 16][seed]
+    settings = spec.StepSettings(lr_shift=4) if seed % 2 else None
+    build = SPRAM_BUILD if seed < 2 else ICE_UNITS_BUILD
+    out = check_train_step(build, rng, batch=batch, settings=settings)
+    assert out["events"]["weight_writes"] > 0
+    assert out["conflict"] == 0, (out["layers"], batch)
+
+
+def test_spram_schedule_costs_cycles_only_on_that_build():
+    """The same dense step on the same sizes with and without weight_spram: the weights
+    and events agree; one sample block costs the single-port build cycles (its updates
+    wait), several blocks of full input groups cost none."""
+    cycles = {}
+    for spram in (False, True):
+        build = dataclasses.replace(SPRAM_BUILD, weight_spram=spram)
+        for batch in (2, 8):
+            rng = np.random.default_rng(7)
+            out = check_train_step(build, rng, batch=batch, layers=[8, 12, 4],
+                                   settings=spec.StepSettings(lr_shift=4))
+            cycles[spram, batch] = out["cycles"]
+    assert cycles[True, 2] > cycles[False, 2]
+    assert cycles[True, 8] == cycles[False, 8]
 
 
 def test_a_layer_as_wide_as_the_build_ends_its_kept_list():

@@ -40,7 +40,7 @@ def compiled_programs(rng, build, cases):
             try:
                 words = dataflow.encode(phases, build)
             except spec.ConfigError:
-                assert len(phases) * dataflow.PHASE_WORDS > dataflow.PROGRAM_WORDS - 2
+                assert len(phases) * dataflow.PHASE_WORDS > build.program_words - 2
                 continue
             yield (layers, batch, kind), words
 
@@ -388,9 +388,9 @@ def refusals():
     ph = changed(P, loss, base_a=46)
     yield "loss unit", enc(ph), loss, ["46 + 3 = 49", "48 gradient words"]
     yield "no end", words[:-dataflow.HEADER_WORDS], len(P), ["no end phase"]
-    many = words[:dataflow.PHASE_WORDS] * (dataflow.PROGRAM_WORDS // dataflow.PHASE_WORDS + 1)
-    yield "too long", many + [0, 0], dataflow.PROGRAM_WORDS // dataflow.PHASE_WORDS, \
-        ["pass the program's end (1024 words)"]
+    many = words[:dataflow.PHASE_WORDS] * (TIGHT.program_words // dataflow.PHASE_WORDS + 1)
+    yield "too long", many + [0, 0], TIGHT.program_words // dataflow.PHASE_WORDS, \
+        [f"pass the program's end ({TIGHT.program_words} words)"]
     wide = list(words)
     wide[5] = 1 << 32
     yield "word", wide, 0, ["word 5 is 4294967296", "32-bit"]

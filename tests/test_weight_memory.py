@@ -17,6 +17,7 @@ from amaranth.sim import Simulator
 from ember import golden, spec
 from ember.spec import ConfigError, StepSettings
 from ember_hw.engine import EngineCore
+from ember_hw.sample_engine import SampleEngine
 from ember_hw.weights import WeightMemory
 from ember_sim import rtl
 
@@ -145,6 +146,12 @@ def test_builds_select_spram():
         dataclasses.replace(ice, lanes=8)
     with pytest.raises(ConfigError, match="weight_words 16385"):
         dataclasses.replace(ice, weight_words=spec.SPRAM_WORDS + 1)
+    # engine v2 reads one weight a cycle for all lanes: every weight in one SPRAM, any lanes
+    v2 = dataclasses.replace(ice, dataflow="samples", lanes=8, weight_words=spec.SPRAM_WORDS // 8)
+    text = rtlil.convert(SampleEngine(v2, tally=False), name="core")
+    assert text.count("cell \\SB_SPRAM256KA ") == 1
+    with pytest.raises(ConfigError, match="weight_words 8193 x lanes 2 = 16386"):
+        dataclasses.replace(ice, dataflow="samples", weight_words=spec.SPRAM_WORDS // 2 + 1)
     # the engine of that build holds its weights in four SPRAMs
     text = rtlil.convert(EngineCore(dataclasses.replace(spec.BUILDS["tiny"], weight_spram=True)),
                          name="core")
@@ -184,3 +191,42 @@ def test_engine_with_spram_weights_matches_model():
     for name in spec.EXACT_COUNTERS:
         assert a[3][name] == b[3][name], f"{name}: sim {a[3][name]} model {b[3][name]}"
     assert a[3]["cycles"] > 0
+
+
+@pytest.mark.rtl
+def test_engine_v2_with_its_weights_in_one_spram_matches_model():
+    """Engine v2 on the iCEBreaker's sizes and units with every weight in one SB_SPRAM256KA
+    (Yosys's model, Verilator) through the simulated board: batches of one sample block (every
+    weight-gradient step an update, the single-port waits) and of several give the model's
+    weights, predictions and counters. A cycle that read and wrote the SPRAM would lose the
+    read (its model writes), and the weights would differ."""
+    from ember.device import ModelDevice, open_device
+    build = spec.with_dataflow(spec.BUILDS["icebreaker"], "samples")
+    assert build.weight_spram and build.weight_words * build.lanes == spec.SPRAM_WORDS
+    rng = np.random.default_rng(11)
+    layers = [13, 9, 6]
+    weights = golden.init_weights(layers, 5)
+    steps = []
+    for batch, settings in ((2, StepSettings(lr_shift=9, zero_skip=True)),
+                            (7, StepSettings(lr_shift=8)),
+                            (1, StepSettings(lr_shift=8, update_mask=(True, False)))):
+        x = rng.integers(0, 256, size=(batch, layers[0]))
+        x[rng.random(x.shape) < 0.4] = 0
+        steps.append((x, rng.integers(0, layers[-1], size=batch), settings))
+    x_infer = rng.integers(0, 256, size=(3, layers[0]))
+
+    def run(dev):
+        dev.configure(layers)
+        dev.load_weights(weights)
+        correct = [dev.train_batch(x, y, s) for x, y, s in steps]
+        return correct, list(dev.infer(x_infer)), dev.read_weights(), dev.read_counters()
+
+    with open_device("sim", build=build, simulator="verilator") as sim:
+        a = run(sim)
+    b = run(ModelDevice(build))
+    assert a[0] == b[0] and a[1] == b[1]
+    for l, (wa, wb) in enumerate(zip(a[2], b[2])):
+        assert np.array_equal(wa, wb), f"layer {l} weights differ"
+    for name in spec.EXACT_COUNTERS:
+        assert a[3][name] == b[3][name], f"{name}: sim {a[3][name]} model {b[3][name]}"
+    assert a[3]["weight_writes"] > 0

@@ -157,12 +157,15 @@ def main(argv=None):
     if args.features is not None:
         build = dataclasses.replace(build, features=tuple(f for f in args.features.split(",")
                                                           if f))
+    changes = {name: getattr(args, name) for name in ("lanes", "weight_words")
+               if getattr(args, name) is not None}
     if args.core != "v1":
-        # the v2 core keeps its weights in one generic memory (block RAM), no SPRAM yet
-        build = dataclasses.replace(build, weight_spram=False, dataflow="samples")
-    for name in ("lanes", "weight_words"):
-        if getattr(args, name) is not None:
-            build = dataclasses.replace(build, **{name: getattr(args, name)})
+        changes["dataflow"] = "samples"
+        if build.weight_spram and "weight_words" not in changes:
+            # engine v2 keeps every weight in one SPRAM (spec.Build)
+            lanes = changes.get("lanes", build.lanes)
+            changes["weight_words"] = min(build.weight_words, spec.SPRAM_WORDS // lanes)
+    build = dataclasses.replace(build, **changes)
     cells = synthesize(build, family, args.core, args.per_module)
     modules = None
     if args.per_module:

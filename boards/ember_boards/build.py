@@ -271,7 +271,8 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
     board's `time_limit_s`): nextpnr's router does not give up on a design it cannot route.
     `dataflow` ("outputs" or "samples", spec.DATAFLOWS), if given, replaces the engine
     build's: "samples" puts engine v2 (ember_hw.sample_core) on the board with the build's
-    sizes and units (its weights in block RAM). With `place_only`, nextpnr stops after
+    sizes and units (its weights in block RAM, or in one SPRAM on a weight_spram build: at
+    most spec.SPRAM_WORDS of them, weight_words cut to fit). With `place_only`, nextpnr stops after
     placement (--no-route) and still writes its report, so the critical paths of a design that
     takes long to route are seen in minutes; no bitstream is made. Returns (report dict, list of problems; empty if all is well).
     With `run_tools` false, only read what an earlier build left in `out_dir`."""
@@ -281,9 +282,8 @@ def build(board, out_dir, seed=None, engine_build=None, run_tools=True, features
         bld = dataclasses.replace(bld, features=tuple(features))
     if clock_mhz is not None:
         bld = dataclasses.replace(bld, clock_hz=int(round(clock_mhz * 1e6)))
-    if dataflow is not None and dataflow != bld.dataflow:
-        bld = dataclasses.replace(bld, name=f"{bld.name}-{dataflow}", dataflow=dataflow,
-                                  weight_spram=bld.weight_spram and dataflow == "outputs")
+    if dataflow is not None:
+        bld = spec.with_dataflow(bld, dataflow)
     router = router or board_info["router"]
     placer_density = placer_density or board_info["placer_density"]
     seed = board_info["seed"] if seed is None else seed

@@ -69,8 +69,6 @@ HEADER_WORDS = 2
 #: generator its base and one delta per level.
 BOUND_WORDS = -(-LEVELS // 2)
 PHASE_WORDS = HEADER_WORDS + BOUND_WORDS + len(GENERATORS) * (1 + LEVELS)
-#: Program words the engine holds (v2 builds).
-PROGRAM_WORDS = 1024
 WORD_MASK = (1 << spec.BUS_DATA_BITS) - 1
 
 
@@ -323,6 +321,15 @@ SCORE_TREE_STAGES = 2
 #: Cycles from a weight-gradient step to its input's accumulator over the blocks: the
 #: activation read, the dY read, the operand and product registers, then the tree.
 GRAD_SUM_LATENCY = 4 + GRAD_TREE_STAGES
+#: Cycles from the weight gradient's sum of a (j, k) to the update unit's write of W[j, k]
+#: (ember_hw.sample_engine._update: the new weight, its register, the write).
+UPDATE_WRITE_LATENCY = 3
+#: Cycles from the update's read of W[j, k] to its write: a group's spec.GRAD_HOLD updates
+#: come one a cycle, so on a single-port weight memory (an SB_SPRAM256KA, Build.weight_spram)
+#: their reads and writes then fall in separate cycles.
+UPDATE_WRITE_DISTANCE = spec.GRAD_HOLD
+#: The update reads W[j, k] this many cycles before the sum of its gradient is done.
+UPDATE_READ_LEAD = UPDATE_WRITE_DISTANCE - UPDATE_WRITE_LATENCY
 #: Cycles from a phase's last step to the end of its drain, per kind, for P lanes: the
 #: pipeline's stages, and the forward writeback's P + 4 busy cycles after the snapshot, the
 #: dX drain's lane a cycle, the update's three stages after the weight gradient's sum.
@@ -330,7 +337,7 @@ _DRAIN = {"forward": lambda P: SNAP_LATENCY + P + 5, "logits": lambda P: SNAP_LA
           "argmax": lambda P: 3, "loss": lambda P: 3,
           "select": lambda P: 3 + SCORE_TREE_STAGES,
           "input_grad": lambda P: SNAP_LATENCY + P + 2, "requant": lambda P: 5,
-          "weight_grad": lambda P: GRAD_SUM_LATENCY + 4,
+          "weight_grad": lambda P: GRAD_SUM_LATENCY + UPDATE_WRITE_LATENCY + 1,
           "psg_max": lambda P: GRAD_SUM_LATENCY + 1}
 
 
@@ -357,6 +364,46 @@ def _book_cycles(build):
     return 3 + 4 * (book_multiplier_bits(build) + 2)
 
 
+def _update_stalls(bounds, build, passes):
+    """The cycles a weight-gradient phase with these (effective) bounds waits so that no
+    update reads the single-port weight memory in the cycle an earlier one writes it
+    (ember_hw.sample_engine._update_stall), on a weight_spram build (none on another). A
+    step that ends in an update (the last sample block's, in the last pass) waits while the
+    update issued UPDATE_WRITE_DISTANCE cycles before it would write.
+
+    None wait when each input group is spec.GRAD_HOLD wide and has two sample blocks or
+    more: a group's updates come GRAD_HOLD in a row, then at least GRAD_HOLD steps without
+    one (the next group's other blocks). With one pass (no PSG) nothing else holds the
+    steps, so the waits are counted here exactly, walking the steps of each (channel, input
+    group) with the issued updates of the last UPDATE_WRITE_DISTANCE cycles. Under PSG
+    (the second pass waits for decisions, which depend on the data): each cycle waited is
+    owed to the update issued UPDATE_WRITE_DISTANCE cycles before, which is not the last,
+    so the updates less one bound them."""
+    if not build.weight_spram:
+        return 0
+    inner, blocks = bounds[INNER], bounds[GRAD_BLOCK_LEVEL]
+    if inner == spec.GRAD_HOLD and blocks >= 2:
+        return 0
+    units = int(np.prod(bounds)) // (inner * blocks * bounds[PASS_LEVEL])
+    if passes != 1:
+        return max(units * inner - 1, 0)
+    steps = [False] * (inner * (blocks - 1)) + [True] * inner
+    distance = UPDATE_WRITE_DISTANCE
+    walked = {}                         # the recent updates at a unit's start -> its waits
+    recent, total = (False,) * distance, 0
+    for _ in range(units):
+        if recent not in walked:
+            history, waits = recent, 0
+            for update in steps:
+                while update and history[-1]:
+                    history, waits = (False,) + history[:-1], waits + 1
+                history = (update,) + history[:-1]
+            walked[recent] = waits, history
+        waits, recent = walked[recent]
+        total += waits
+    return total
+
+
 def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     """An upper bound on the busy cycles the v2 core (ember_hw.sample_engine) spends on the
     phase `ph` of a command at batch `batch`: PHASE_OVERHEAD, its steps and what holds them,
@@ -378,7 +425,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
                        and before them its header and bookkeeping (_book_cycles);
       weight_grad:     its steps; under PSG the second pass of each (channel, input group)
                        waits up to GRAD_SUM_LATENCY + 1 cycles for the first pass's
-                       decisions;
+                       decisions; on a weight_spram build, _update_stalls;
       argmax, requant, psg_max: their steps.
     """
     P = build.lanes
@@ -406,6 +453,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
         run = steps * (3 * ph.outputs + 23 + 4)
     elif kind == "weight_grad":
         run = steps + ((GRAD_SUM_LATENCY + 1) * bounds[0] * bounds[1] if passes == 2 else 0)
+        run += _update_stalls(bounds, build, bounds[PASS_LEVEL])
     else:
         run = steps
     if kind == "select":
@@ -461,9 +509,9 @@ def encode(phases, build):
             words.append(ph.nest.bases[g] & WORD_MASK)
             words.extend(d & WORD_MASK for d in deltas[g])
     words += [KINDS["end"]] * HEADER_WORDS
-    if len(words) > PROGRAM_WORDS:
+    if len(words) > build.program_words:
         raise spec.ConfigError(f"the program has {len(words)} words; the engine holds "
-                               f"{PROGRAM_WORDS}")
+                               f"{build.program_words} (build '{build.name}')")
     return words
 
 
@@ -698,8 +746,8 @@ _PHASE_CHECKS = (_header_fault, _kept_list_fault, _bound_fault, _run_time_stride
 
 
 #: The checks of `verify_verdict`, in the order it makes them: "end" (no end phase inside
-#: PROGRAM_WORDS, or a phase's words pass them), "kind" (a kind KINDS does not name), then
-#: one per _PHASE_CHECKS entry. The 32-bit-word check (_word_fault) is not one of them: it
+#: the build's program_words, or a phase's words pass them), "kind" (a kind KINDS does not
+#: name), then one per _PHASE_CHECKS entry. The 32-bit-word check (_word_fault) is not one of them: it
 #: is the host's alone (the program memory holds 32-bit words).
 VERIFY_CHECKS = ("end", "kind") + tuple(check.__name__[1:-len("_fault")]
                                         for check in _PHASE_CHECKS)
@@ -715,7 +763,7 @@ def verify(words, build):
     The core's run-time checks, made here for every value the run may give the levels it
     bounds at run time (run_time_bounds): a kind it knows, bounds of 1 or more, each
     generator's whole range over the nest inside its limit (`limits`), the addresses formed
-    from them (derived_reach), and an "end" phase inside PROGRAM_WORDS. Where the core's
+    from them (derived_reach), and an "end" phase inside the build's program_words. Where the core's
     check is finer than a static bound, this one refuses more: the header's fields in their
     registers' ranges, a kept phase with its select phase's layer and shape, a run-time level
     that steps no generator (unless outermost), a select phase over at most its N channels,
@@ -734,11 +782,11 @@ def verify_verdict(words, build):
     a 32-bit word is refused as check "word", which is not in VERIFY_CHECKS: the program
     memory cannot hold one, so only the host sees it."""
     at, index, select = 0, 0, None
-    end = min(len(words), PROGRAM_WORDS)
+    end = min(len(words), build.program_words)
     while True:
         if at + HEADER_WORDS > end:
             return index, "end", (f"phase {index}: no end phase at word {at}; the program has "
-                                  f"{len(words)} words, the engine holds {PROGRAM_WORDS}")
+                                  f"{len(words)} words, the engine holds {build.program_words}")
         reason = _word_fault(words, at, HEADER_WORDS)
         if reason:
             return index, "word", f"phase {index}: {reason}"

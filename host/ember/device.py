@@ -102,7 +102,7 @@ def build_info(build):
         "scratch_entries": build.scratch_entries,
         "max_batch": build.max_batch, "max_layers": build.max_layers,
         "max_width": build.max_width, "clock_hz": build.clock_hz, "baud": build.baud,
-        "dataflow": build.dataflow,
+        "dataflow": build.dataflow, "program_words": build.program_words,
         "features": list(build.features), "version": __version__,
     }
 
@@ -113,6 +113,7 @@ def build_of(info):
                                    "scratch_entries", "max_batch", "max_layers", "max_width",
                                    "clock_hz", "baud")}
     fields["dataflow"] = info.get("dataflow", "outputs")
+    fields["program_words"] = info.get("program_words", spec.Build.program_words)
     return spec.Build(name=info["build"], features=tuple(info["features"]), **fields)
 
 
@@ -163,6 +164,7 @@ class EngineDevice(Device):
                                 scratch_entries=regs["scratch_entries"],
                                 max_batch=regs["max_batch"], max_layers=regs["max_layers"],
                                 max_width=regs["max_width"], clock_hz=base.clock_hz,
+                                program_words=base.program_words,
                                 baud=regs["baud"], dataflow=spec.DATAFLOWS[regs["dataflow"]],
                                 features=tuple(f for i, f in enumerate(spec.FEATURES)
                                                if regs["features"] >> i & 1))
@@ -464,8 +466,19 @@ def open_sim(build=spec.DEFAULT_BUILD, simulator="verilator", uart=False, log=No
     port_file = os.path.join(tmp, "port")
     log_path = log or os.path.join(tmp, "board.log")
     progress_file = os.path.join(tmp, "progress")
+    name = build.name
+    for base in spec.BUILDS.values():
+        # a named build on the other engine (spec.with_dataflow): the board makes it
+        other = next((d for d in spec.DATAFLOWS if d != base.dataflow), None)
+        if name not in spec.BUILDS and other and build == spec.with_dataflow(base, other):
+            name = base.name
+            cmd_dataflow = ["--dataflow", other]
+            break
+    else:
+        cmd_dataflow = []
     cmd = [sys.executable, "-m", "ember_sim.board", "--simulator", simulator,
-           "--build", build.name, "--port-file", port_file, "--progress-file", progress_file]
+           "--build", name, "--port-file", port_file, "--progress-file", progress_file,
+           *cmd_dataflow]
     if uart:
         cmd.append("--uart")
     if top:

@@ -214,6 +214,9 @@ def register_map():
         "settings": {name: _ranges(build.settings()) for name, build in spec.BUILDS.items()},
         "layer_field_ranges": {name: _ranges(build.descriptor_fields())
                                for name, build in spec.BUILDS.items()},
+        # per build: the words of engine v2's program memory (the program region's offsets
+        # below it are its words; past it, out_of_range)
+        "program_words": {name: build.program_words for name, build in spec.BUILDS.items()},
         "flags": {f: 1 << i for i, f in enumerate(spec.FLAG_BITS)},
         "control": {"train": spec.CONTROL_TRAIN, "infer": spec.CONTROL_INFER,
                     "clear_counters": spec.CONTROL_CLEAR_COUNTERS, "abort": spec.CONTROL_ABORT},

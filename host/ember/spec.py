@@ -4,7 +4,7 @@ Gateware (``hw/``), the golden model, the host and the documentation generator a
 these names; nothing here is typed twice anywhere else. docs/numerics.md explains each one.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # --- Number formats -------------------------------------------------------------------------
 #: Master weights: signed 16-bit, Q1.14 (value = w / 2**WEIGHT_FRAC_BITS, range [-2, 2)).
@@ -203,11 +203,19 @@ class Build:
                      port at it and the energy model charges each link byte its time on the
                      line at it. A board build's must be a rate its USB-serial bridge makes
                      (docs/boards.md, "The link").
-    weight_spram:    keep the weight memory in iCE40 UltraPlus SPRAM (one SB_SPRAM256KA per
-                     lane, so lanes <= SPRAM_BLOCKS and weight_words <= SPRAM_WORDS) instead of
-                     a generic memory (block RAM). Only the iCE40UP bitstream and RTL
-                     simulation with Yosys's cell models (ember_sim adds them) can take such
-                     a build, not the Amaranth simulator nor the ECP5. See ember_hw.weights.
+    weight_spram:    keep the weight memory in iCE40 UltraPlus SPRAM instead of a generic
+                     memory (block RAM): on engine v1 one SB_SPRAM256KA per lane (so lanes <=
+                     SPRAM_BLOCKS and weight_words <= SPRAM_WORDS), on engine v2 (dataflow
+                     "samples", one weight read a cycle for all lanes) one SB_SPRAM256KA for
+                     every weight (weight_words * lanes <= SPRAM_WORDS). Only the iCE40UP
+                     bitstream and RTL simulation with Yosys's cell models (ember_sim adds
+                     them) can take such a build, not the Amaranth simulator nor the ECP5
+                     (SampleEngine's tests run its single-port schedule on a generic memory
+                     there). See ember_hw.weights.
+    program_words:   engine v2's program memory, 32-bit words (ember.dataflow.encode): the
+                     longest program the build runs (check_network refuses a network whose
+                     program needs more, dataflow.program_words_needed). 1024 is 8 block RAMs
+                     of the iCE40, 512 four.
     """
     name: str = "sim"
     lanes: int = 8
@@ -221,6 +229,7 @@ class Build:
     clock_hz: int = 48_000_000
     baud: int = DEFAULT_BAUD
     weight_spram: bool = False
+    program_words: int = 1024
     features: tuple = FEATURES
     dataflow: str = "outputs"
 
@@ -237,9 +246,19 @@ class Build:
         if "watchdog" in self.features and "abort" not in self.features:
             raise ConfigError(f"build '{self.name}': watchdog needs abort (its stop answers "
                               "the command's deferred write)")
+        if self.program_words < 1:
+            raise ConfigError(f"build '{self.name}': program_words {self.program_words} must "
+                              "be 1 or more")
         if self.lanes < 2 or self.lanes & (self.lanes - 1):
             raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
-        if self.weight_spram and (self.lanes > SPRAM_BLOCKS or self.weight_words > SPRAM_WORDS):
+        if self.weight_spram and self.dataflow == "samples":
+            # engine v2 reads one weight a cycle for every lane: all of them in one SPRAM
+            if self.weight_words * self.lanes > SPRAM_WORDS:
+                raise ConfigError(f"build '{self.name}': engine v2 keeps its weights in one "
+                                  f"SB_SPRAM256KA of {SPRAM_WORDS} words; weight_words "
+                                  f"{self.weight_words} x lanes {self.lanes} = "
+                                  f"{self.weight_words * self.lanes}")
+        elif self.weight_spram and (self.lanes > SPRAM_BLOCKS or self.weight_words > SPRAM_WORDS):
             raise ConfigError(f"build '{self.name}': weights in SPRAM take one SB_SPRAM256KA per "
                               f"lane and at most {SPRAM_WORDS} words; lanes {self.lanes} (at most "
                               f"{SPRAM_BLOCKS}), weight_words {self.weight_words}")
@@ -361,10 +380,13 @@ BUILDS = {
     # 3 Mbaud: 8 cycles of 24 MHz per bit (exact) and 12 MHz / 4 on the FT2232H; 6 Mbaud
     # (4 cycles, ember_hw.uart.MIN_DIVISOR) would put the receiver's one sample per bit
     # anywhere from 50 to 75 % into the bit (docs/boards.md, "The link").
+    # Engine v2 (dataflow "samples", not yet this build's) would hold its program in 512
+    # words (4 block RAMs): digits' 64-32-10 train program needs 379 (check_network refuses
+    # the largest networks at these sizes, 582).
     "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS, act_bytes=2048,
                         grad_words=512, scratch_entries=512, max_batch=16, max_layers=3,
                         max_width=64, clock_hz=24_000_000, baud=3_000_000, weight_spram=True,
-                        features=("zero_skip", "slu")),
+                        program_words=512, features=("zero_skip", "slu")),
     # a small build for fast RTL tests (Icarus included) and the CI bitstream of the ULX3S
     # flow (tests/test_bitstream.py): it routes at 47 to 57 MHz on the ECP5-85F, so 40 MHz
     # leaves margin for other nextpnr versions; 2 Mbaud is 20 cycles of 40 MHz and a rate the
@@ -381,6 +403,20 @@ BUILDS = {
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
                    clock_hz=30_000_000, baud=3_000_000, dataflow="samples"),
 }
+
+def with_dataflow(build, dataflow):
+    """`build` on the other engine (DATAFLOWS), named "<name>-<dataflow>": its sizes and units,
+    and on engine v2 with weight_spram its weights cut to fit one SPRAM (v2 keeps every weight
+    in one SB_SPRAM256KA: weight_words * lanes <= SPRAM_WORDS). The board builds' and the
+    simulated board's --dataflow."""
+    if dataflow == build.dataflow:
+        return build
+    words = build.weight_words
+    if build.weight_spram and dataflow == "samples":
+        words = min(words, SPRAM_WORDS // build.lanes)
+    return replace(build, name=f"{build.name}-{dataflow}", dataflow=dataflow,
+                   weight_words=words)
+
 DEFAULT_BUILD = BUILDS["sim"]
 #: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's
 #: own build, and its baud the rate of the board's bitstream.
@@ -445,10 +481,10 @@ def check_network(layers, build=DEFAULT_BUILD, batch=None):
     if build.dataflow == "samples":
         from . import dataflow
         need = dataflow.program_words_needed(layers, build, batch)
-        if need > dataflow.PROGRAM_WORDS:
+        if need > build.program_words:
             raise ConfigError(f"network {layers}{'' if batch is None else f' with batch {batch}'}"
                               f" needs a program of {need} words; build '{build.name}' "
-                              f"holds {dataflow.PROGRAM_WORDS}")
+                              f"holds {build.program_words}")
     return layers
 
 

@@ -34,7 +34,7 @@ class VirtualEngine:
         # engine v2 (dataflow "samples"): one weight after another, the activations in its
         # sample-interleaved byte layout, and the program memory (regmap, ember.dataflow)
         self.v2 = build.dataflow == "samples"
-        self.program = np.zeros(dataflow.PROGRAM_WORDS, dtype=np.int64)
+        self.program = np.zeros(build.program_words, dtype=np.int64)
         self.weights = (np.zeros(build.weight_words * P, dtype=np.int64) if self.v2 else
                         np.zeros((build.weight_words, P), dtype=np.int64))
         self.labels = np.zeros(build.max_batch, dtype=np.int64)
@@ -89,7 +89,7 @@ class VirtualEngine:
             lo, hi = self.weights[word, pair], self.weights[word, pair + 1]
             return int(lo & 0xFFFF) | (int(hi & 0xFFFF) << 16)
         if region == _REGION["program"] and self.v2:
-            if off >= dataflow.PROGRAM_WORDS:
+            if off >= len(self.program):
                 raise BusError("out_of_range")
             return int(self.program[off])
         if region == _REGION["acts"]:
@@ -144,7 +144,7 @@ class VirtualEngine:
             self.weights[word, pair + 1] = _s16(value >> 16)
             return
         if region == _REGION["program"] and self.v2:
-            if off >= dataflow.PROGRAM_WORDS:
+            if off >= len(self.program):
                 raise BusError("out_of_range")
             self.program[off] = value
             return

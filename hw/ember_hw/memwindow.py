@@ -276,7 +276,7 @@ class SampleWindow(MemoryWindow):
       (byte // P) is below ``full_words`` (the words of the full sample blocks:
       (batch // P) * K), or below ``block_words`` (every block's: blocks * K) with its lane
       below ``tail`` (batch % P); and its word inside the core's activation memory.
-    - program: the program memory's words (``dataflow.PROGRAM_WORDS``), written in c, read
+    - program: the program memory's words (``Build.program_words``), written in c, read
       in c + 1.
 
     Ports: MemoryWindow's, with these in place of its weight and activation limit ports:
@@ -289,11 +289,10 @@ class SampleWindow(MemoryWindow):
     """
 
     def __init__(self, build):
-        from ember import dataflow
         P = build.lanes
         depth = build.weight_words * P
         self.weight_depth, self.act_words = depth, build.act_bytes // P
-        self.program_words = dataflow.PROGRAM_WORDS
+        self.program_words = build.program_words
         super().__init__(build)
 
     def _members(self, build):

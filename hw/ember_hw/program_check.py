@@ -75,12 +75,13 @@ def run_time_levels(kind):
 class ProgramCheck(wiring.Component):
     """Checks engine v2's program memory against `build` (module docstring).
 
-    build: spec.Build -- its memory sizes (dataflow.limits), lanes, widest layer and layers.
+    build: spec.Build -- its memory sizes (dataflow.limits), program memory
+    (Build.program_words), lanes, widest layer and layers.
 
     Ports (sync domain):
 
       start:   In(1) -- check the program memory from word 0 (ignored while busy).
-      rd_addr: Out(ceil_log2(dataflow.PROGRAM_WORDS)) -- the program word to read;
+      rd_addr: Out(ceil_log2(build.program_words)) -- the program word to read;
       rd_data: In(32) -- the word at the rd_addr of the cycle before (a synchronous read
                port).
       busy:    Out(1) -- from the cycle after start until done (the done cycle included).
@@ -101,13 +102,13 @@ class ProgramCheck(wiring.Component):
         self.limit_bits = largest.bit_length()
         super().__init__({
             "start": In(1),
-            "rd_addr": Out(ceil_log2(dataflow.PROGRAM_WORDS)),
+            "rd_addr": Out(ceil_log2(build.program_words)),
             "rd_data": In(spec.BUS_DATA_BITS),
             "busy": Out(1),
             "done": Out(1),
             "ok": Out(1),
             "check": Out(range(len(dataflow.VERIFY_CHECKS) + 1)),
-            "phase": Out(range(dataflow.PROGRAM_WORDS // dataflow.PHASE_WORDS + 1)),
+            "phase": Out(range(build.program_words // dataflow.PHASE_WORDS + 1)),
         })
 
     def _kind_tables(self, m, kind_field, kind, level, gen, outputs):
@@ -196,7 +197,7 @@ class ProgramCheck(wiring.Component):
         m.submodules.mul = mul = SerialMultiplier(EXACT_BITS + 1, BOUND_BITS)
 
         # -------- the program walk and the phase's header
-        at = Signal(range(dataflow.PROGRAM_WORDS + dataflow.PHASE_WORDS))
+        at = Signal(range(bld.program_words + dataflow.PHASE_WORDS))
         index = Signal.like(self.phase)
         kind = Signal(dataflow.HEADER_FIELDS["kind"][2])
         layer = Signal(range(bld.max_layers))
@@ -278,7 +279,7 @@ class ProgramCheck(wiring.Component):
                     m.next = "HEADER"
             with m.State("HEADER"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(index > (dataflow.PROGRAM_WORDS - dataflow.HEADER_WORDS)
+                with m.If(index > (bld.program_words - dataflow.HEADER_WORDS)
                           // dataflow.PHASE_WORDS):
                     verdict("end")
                     m.next = "IDLE"
@@ -294,7 +295,7 @@ class ProgramCheck(wiring.Component):
                 with m.Elif(self._field("kind") == KINDS["end"]):
                     verdict(None)
                     m.next = "IDLE"
-                with m.Elif(index > (dataflow.PROGRAM_WORDS - dataflow.PHASE_WORDS)
+                with m.Elif(index > (bld.program_words - dataflow.PHASE_WORDS)
                             // dataflow.PHASE_WORDS):
                     verdict("end")
                     m.next = "IDLE"

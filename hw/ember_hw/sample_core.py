@@ -101,9 +101,10 @@ class SampleCore(wiring.Component):
                      self.busy.eq(core.busy), regs.busy.eq(core.busy)]
         return m
 
-    @staticmethod
-    def _settings(m, regs, core):
-        """The step's registers to the core; CONTROL's strobes start it."""
+    def _settings(self, m, regs, core):
+        """The step's registers to the core; CONTROL's strobes start it. A flag of a unit
+        the build leaves out is 0 (as in EngineCore; the host refuses such settings), so
+        synthesis drops what the core has for it."""
         st = regs.settings
         flags = {name: st.flags[i] for i, name in enumerate(spec.FLAG_BITS)}
         m.d.comb += [core.start.eq(regs.start_train | regs.start_infer),
@@ -111,8 +112,10 @@ class SampleCore(wiring.Component):
                      core.lr_shift.eq(st.lr_shift), core.psg_tau.eq(st.psg_tau),
                      core.psg_step_shift.eq(st.psg_step_shift), core.keep_q8.eq(st.keep_q8),
                      core.lfsr_seed.eq(st.lfsr_seed), regs.correct.eq(core.correct)]
-        for name in ("psg", "psg_relative", "ssprop_random"):
-            m.d.comb += getattr(core, name).eq(flags[name])
+        unit = {"psg": "psg", "psg_relative": "psg", "ssprop_random": "ssprop_random"}
+        for name, feature in unit.items():
+            if feature in self.build.features:
+                m.d.comb += getattr(core, name).eq(flags[name])
         # inference always skips zeros (GoldenModel.infer); a step as its settings say
         inferring = Signal()
         with m.If(regs.start_train | regs.start_infer):

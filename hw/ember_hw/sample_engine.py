@@ -77,8 +77,23 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   through the rounding shifter, or under PSG a first pass of the high bits' products (the
   prediction) and a second pass at full precision only where the prediction is not
   confident; the sign step. The second pass's first step waits for the group's decisions.
+  The update reads W[j, k] dataflow.UPDATE_READ_LEAD cycles before the sum and writes it
+  dataflow.UPDATE_WRITE_LATENCY cycles after: read and write UPDATE_WRITE_DISTANCE =
+  GRAD_HOLD cycles apart, so a group's updates in a row never read and write in one cycle.
 - psg_max (the same nest, one pass): PSG's relative threshold, the layer's largest
   |prediction|.
+
+The weight memory (ember_hw.weights.WeightMemory, `wmem`) holds one 16-bit weight per
+word, so on a ``Build.weight_spram`` build one SB_SPRAM256KA holds every weight for any lane
+count. A SPRAM has one port: a cycle reads or writes. The bus writes only while idle (and
+the read port is off in that cycle); the forward and input-gradient phases only read; the
+weight-gradient phase reads and writes only in the update, and on such a build an update
+step waits while the update issued UPDATE_WRITE_DISTANCE cycles before it would write in
+its read cycle (_update_stall; dataflow._update_stalls counts the waits for the cycle
+bound: none with two sample blocks or more and full input groups). ``wmem.conflict`` would
+record a cycle that did both; tests/test_sample_engine.py runs the schedule on the generic
+memory (``SampleEngine(build, spram=False)``) and checks it stays 0, and
+tests/test_weight_memory.py runs the SPRAM (Yosys's model) in Verilator against the model.
 """
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
@@ -98,6 +113,7 @@ from .loss import SoftmaxGradUnit
 from .requant import DxRequantizer
 from .select import ChannelSelector, Lfsr16
 from .serial_mul import SerialMultiplier
+from .weights import WeightMemory
 from .writeback import ForwardWriteback
 
 #: The events the core counts (the link's and the cycle counters are the shell's).
@@ -131,8 +147,15 @@ BLOCK = dataflow.BLOCK_LEVEL
 class SampleEngine(wiring.Component):
     """The v2 core (module docstring)."""
 
-    def __init__(self, build=spec.DEFAULT_BUILD, tally=True):
-        self.build, self.tally = build, tally
+    def __init__(self, build=spec.DEFAULT_BUILD, tally=True, spram=None):
+        # spram: the weight memory's implementation (ember_hw.weights), the build's unless
+        # given; a weight_spram build on the generic memory keeps its single-port schedule,
+        # which the Amaranth simulator can then run and check (wmem.conflict)
+        spram = build.weight_spram if spram is None else spram
+        if spram and not build.weight_spram:
+            raise ValueError(f"build '{build.name}': SPRAM weights need the single-port "
+                             "schedule of a weight_spram build")
+        self.build, self.tally, self.spram = build, tally, spram
         P = build.lanes
         self.logp = ceil_log2(P)
         self.weight_depth = build.weight_words * P
@@ -164,10 +187,10 @@ class SampleEngine(wiring.Component):
             "ssprop_random": In(1),
             "lfsr_seed": In(16),
             "correct": Out(range(build.max_batch + 1)),
-            "prog_wr_addr": In(ceil_log2(dataflow.PROGRAM_WORDS)),
+            "prog_wr_addr": In(ceil_log2(build.program_words)),
             "prog_wr_data": In(spec.BUS_DATA_BITS),
             "prog_wr_en": In(1),
-            "prog_rd_addr": In(ceil_log2(dataflow.PROGRAM_WORDS)),
+            "prog_rd_addr": In(ceil_log2(build.program_words)),
             "prog_rd_data": Out(spec.BUS_DATA_BITS),
             "w_wr_addr": In(self.w_bits),
             "w_wr_data": In(spec.WEIGHT_BITS),
@@ -221,8 +244,11 @@ class SampleEngine(wiring.Component):
             m.submodules[name] = mem = Memory(shape=shape, depth=depth, init=[])
             return mem.read_port(transparent_for=()), mem.write_port()
 
-        s.prog_rd, s.prog_wr = memory("prog", unsigned(spec.BUS_DATA_BITS), dataflow.PROGRAM_WORDS)
-        s.w_rd, s.w_wr = memory("wmem", unsigned(spec.WEIGHT_BITS), self.weight_depth)
+        s.prog_rd, s.prog_wr = memory("prog", unsigned(spec.BUS_DATA_BITS), bld.program_words)
+        # every weight in one memory of 16-bit words: one SB_SPRAM256KA on a weight_spram
+        # build (a read is broadcast to all lanes, so one SPRAM serves any lane count)
+        m.submodules.wmem = self.wmem = WeightMemory(1, self.weight_depth, spram=self.spram)
+        s.w_rd, s.w_wr = self.wmem.rd, self.wmem.wr
         s.s_rd, s.s_wr = memory("smem", signed(spec.DX_BITS), bld.scratch_entries)
         s.l_rd, s.l_wr = memory("lmem", unsigned(spec.LABEL_BITS), bld.max_batch)
         s.p_rd, s.p_wr = memory("pmem", unsigned(spec.LABEL_BITS), bld.max_batch)
@@ -239,6 +265,9 @@ class SampleEngine(wiring.Component):
         m.d.comb += s.lane_value.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
                                           for i in range(P))[s.pick_lane].as_signed())
         idle = ~s.busy
+        # the weight memory reads only where a phase asks (below) or the bus while idle, and
+        # never in the cycle of a bus write: a SPRAM has one port (ember_hw.weights)
+        m.d.comb += s.w_rd.en.eq(idle & ~self.w_wr_en)
         m.d.comb += [s.prog_wr.addr.eq(self.prog_wr_addr), s.prog_wr.data.eq(self.prog_wr_data),
                      s.prog_wr.en.eq(self.prog_wr_en & idle),
                      s.l_wr.addr.eq(self.label_wr_addr), s.l_wr.data.eq(self.label_wr_data),
@@ -336,22 +365,36 @@ class SampleEngine(wiring.Component):
     # ---------------------------------------------------------------- shared datapath
     def _datapath(self, m, s):
         bld, P = self.build, s.P
+        # the activation, scratch and gradient memories' read addresses follow generator a
+        # unless a phase reads elsewhere: the phases that read them at a (forward, both
+        # gradients, requant, argmax) then need no multiplexer, and a read no phase uses
+        # is harmless (these memories are written only by the core's units and the bus)
+        m.d.comb += [s.amem.rd.addr.eq(s.addr["a"]), s.s_rd.addr.eq(s.addr["a"]),
+                     s.gmem.rd.addr.eq(s.addr["a"])]
         OPND = max(spec.WEIGHT_BITS, spec.GRAD_BITS, spec.ACT_BITS + 1)
         # the lanes accumulate forward sums, and the input gradient's sums over the outputs of
         # W x dY (wider: spec.Build.dx_acc_bits); no sum wraps
         s.LACC = LACC = max(bld.lane_acc_bits(), bld.dx_acc_bits())
+        # a weight gradient's sum over the batch (spec.Build.lane_acc_bits): the adder tree,
+        # the group's accumulators and the update's input need no more
+        s.GACC = bld.lane_acc_bits()
+        s.GACC_ROUND = max(s.GACC, spec.DX_BITS)
         m.submodules.lanes = s.lanes = MacLanes(P, OPND, LACC)
         # the weight read for the lanes, WEIGHT_BROADCAST_STAGES registers after the memory
         # (the update and the bus read the memory's data directly)
         s.w_bcast = s.w_rd.data
+        s.w_bcast_regs = []
         for n in range(1, WEIGHT_BROADCAST_STAGES + 1):
             reg = Signal.like(s.w_rd.data, name=f"w_bcast{n}", reset_less=True)
             m.d.sync += reg.eq(s.w_bcast)
             s.w_bcast = reg
-        value_bits = max(LACC, spec.DX_BITS)
-        m.submodules.shifter = s.shifter = RoundingShifter(value_bits, spec.SHIFT_MAX)
+            s.w_bcast_regs.append(reg)
+        # what the shifter rounds: forward sums and weight gradients (both within
+        # lane_acc_bits) and dX (DX_BITS); the input gradient's wider sums (dx_acc_bits) reach
+        # it only as dX, so a head of the lanes' snapshot it takes fits, and is exact, in these
+        m.submodules.shifter = s.shifter = RoundingShifter(s.GACC_ROUND, spec.SHIFT_MAX)
         m.submodules.writeback = s.wb = ForwardWriteback(
-            P, LACC, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
+            P, s.GACC_ROUND, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
             shift_bits=len(s.shift))
         m.submodules.requant = s.req = DxRequantizer()
         m.submodules.loss = s.loss = SoftmaxGradUnit(max_classes=bld.max_width)
@@ -361,7 +404,9 @@ class SampleEngine(wiring.Component):
             m.submodules.selector = s.sel = ChannelSelector(max_channels=bld.max_width)
             if "ssprop_random" in bld.features:
                 m.submodules.lfsr = s.lfsr = Lfsr16()
-        m.d.comb += s.dense.eq(s.keep >= s.N)
+        # without the ssProp unit every channel is kept (keep is N, set at BOOK_MUL): the
+        # select phase scores nothing, which synthesis cannot see from the keep register
+        m.d.comb += s.dense.eq(s.keep >= s.N if s.has_ssprop else 1)
         if s.has_ssprop and "ssprop_random" in bld.features:
             m.d.comb += [s.random.eq(self.ssprop_random), s.lfsr_state.eq(s.lfsr.state)]
         # the writeback unit takes the snapshot's head through the shifter
@@ -753,7 +798,12 @@ class SampleEngine(wiring.Component):
         low_mode = s.is_["psg_max"] | (self.psg & ~s.pass1_at)
         # t: the kept channel (c_idx) and the activation word; o is the input's place in
         # its group (its accumulator)
-        w1 = _Stage(m, "wg1", P, len(s.addr["w"]), len(s.addr["o"]))
+        # o is below GRAD_HOLD (the nest's limit of o in these kinds, dataflow.limits), so
+        # the stages carry its low bits only: each stage bit is a logic cell on the iCE40
+        if {dataflow.limits(k, self.build)["o"] for k in ("weight_grad", "psg_max")} != {R}:
+            raise ValueError("the weight gradient's o must be limited to its group's inputs")
+        o_bits = ceil_log2(R)
+        w1 = _Stage(m, "wg1", P, len(s.addr["w"]), o_bits)
         g1 = Signal(len(s.addr["g"]))
         p1, low1, fb1, lb1 = (Signal(name=f"wg1_{n}") for n in ("pass", "low", "fb", "lb"))
         # the second pass's first step waits for the decisions of the group's first
@@ -780,7 +830,7 @@ class SampleEngine(wiring.Component):
             m.d.comb += s.gmem.rd.addr.eq(g_final)
             with m.If((w_final >= self.weight_depth) | (g_final >= self.build.grad_words)):
                 m.d.comb += s.bad_address.eq(1)
-        w2 = _Stage(m, "wg2", P, len(s.addr["w"]), len(s.addr["o"]))
+        w2 = _Stage(m, "wg2", P, len(s.addr["w"]), o_bits)
         on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
         p2, low2, skip2, fb2, lb2 = (Signal(name=f"wg2_{n}")
                                      for n in ("pass", "low", "skip", "fb", "lb"))
@@ -824,7 +874,7 @@ class SampleEngine(wiring.Component):
                 m.d.sync += s.count("skip_zero", popcount(w2.live & ~on2))
         # t+3, t+4: the products; the tree's levels; the sum at t + GRAD_SUM_LATENCY
         fields = (("valid", 1), ("fb", 1), ("lb", 1), ("last", 1), ("w", len(s.addr["w"])),
-                  ("o", len(s.addr["o"])), ("pass", 1), ("on", range(P + 1)))
+                  ("o", max(o_bits, 1)), ("pass", 1), ("on", range(P + 1)))
         stages = [{f: Signal(shape, name=f"wg{n}_{f}") for f, shape in fields}
                   for n in range(3, GRAD_SUM_LATENCY + 1)]
         first_values = {"valid": w2.valid, "fb": fb2, "lb": lb2, "last": w2.last, "w": w2.w,
@@ -834,11 +884,23 @@ class SampleEngine(wiring.Component):
             m.d.sync += [sb[f].eq(sa[f]) for f, _ in fields]
         s.in_flight.append(w1.valid | w2.valid | Cat(*[st["valid"] for st in stages]).any())
         summed = stages[-1]
+        # the update reads W[j, k] UPDATE_READ_LEAD cycles before its sum, so its read and
+        # its write (3 cycles after the sum) are GRAD_HOLD cycles apart: a group's GRAD_HOLD
+        # updates in a row then read and write in separate cycles (_update_stall)
+        lead = dataflow.UPDATE_READ_LEAD
+        if not 0 <= lead <= GRAD_SUM_LATENCY - 3:
+            raise ValueError(f"the update's read {lead} cycles before the weight gradient's "
+                             f"sum is not in a stage that holds its address")
+        early = stages[-1 - lead]
+        m.d.comb += [s.upd_read.eq(early["valid"] & early["lb"] & s.is_["weight_grad"]
+                                   & (~self.psg | early["pass"])),
+                     s.upd_read_addr.eq(early["w"])]
+        self._update_stall(m, s, s.is_["weight_grad"] & s.last[BL] & (~self.psg | pass1))
         tree = pipelined_tree_sum(m, [s.lanes.product(i) for i in range(P)],
-                                  dataflow.GRAD_TREE_STAGES, signed(s.LACC), "wg_tree")
+                                  dataflow.GRAD_TREE_STAGES, signed(s.GACC), "wg_tree")
         # t + GRAD_SUM_LATENCY: the input's accumulator over the blocks, and its live MACs
         # (PSG's skips)
-        acc = Array(Signal(signed(s.LACC), name=f"wg_sum{i}") for i in range(R))
+        acc = Array(Signal(signed(s.GACC), name=f"wg_sum{i}") for i in range(R))
         macs = Array(Signal(range(2 * self.build.max_batch + 1), name=f"wg_macs{i}")
                      for i in range(R))
         g_now = Mux(summed["fb"], 0, acc[summed["o"]]) + tree
@@ -865,6 +927,21 @@ class SampleEngine(wiring.Component):
                              s.upd_sure.eq(s.confident.bit_select(summed["o"], 1)),
                              s.upd_pred_negative.eq(s.pred_negative.bit_select(summed["o"], 1))]
 
+    def _update_stall(self, m, s, update_step):
+        """The single-port rule on a weight_spram build: a weight-gradient step that ends in
+        an update (`update_step`, at the nest) waits while the update issued
+        dataflow.UPDATE_WRITE_DISTANCE cycles before it would write in the cycle this one
+        reads. A group's updates (at most GRAD_HOLD in a row, then the next group's other
+        blocks or first pass) never wait; one block of samples, or a remainder group, costs
+        at most a cycle per update (dataflow.phase_cycle_bound)."""
+        if not self.build.weight_spram:
+            return                      # a generic memory reads and writes in one cycle
+        distance = dataflow.UPDATE_WRITE_DISTANCE
+        recent = Signal(distance)       # bit i: an update step was issued i + 1 cycles ago
+        m.d.sync += recent.eq(Cat(s.issue & update_step, recent[:-1]))
+        with m.If(s.nest.valid & update_step & recent[distance - 1]):
+            m.d.comb += s.stall.eq(1)
+
     # ---------------------------------------------------------------- update
     def _update(self, m, s):
         """W[j, k] from its gradient: SGD W - round_shift(G, shift), or PSG's sign step
@@ -883,11 +960,20 @@ class SampleEngine(wiring.Component):
                      neg1.eq(Mux(s.upd_sure, s.upd_pred_negative, s.upd_value < 0)),
                      zero1.eq(~s.upd_sure & (s.upd_value == 0)),
                      u2.eq(u1), a2.eq(a1), neg2.eq(neg1), zero2.eq(zero1), a3.eq(a2)]
-        # u1: read the weight; u2: the new weight
-        with m.If(u1):
-            m.d.comb += [s.w_rd.addr.eq(a1), s.w_rd.en.eq(1)]
+        # the weight, read UPDATE_READ_LEAD cycles before upd_start, held until u2 (the
+        # broadcast registers, idle in this phase, hold it first); u2: the new weight
+        with m.If(s.upd_read):
+            m.d.comb += [s.w_rd.addr.eq(s.upd_read_addr), s.w_rd.en.eq(1)]
             m.d.sync += s.count("weight_reads")
-        old = s.w_rd.data.as_signed()
+        old = s.w_rd.data
+        for n in range(dataflow.UPDATE_READ_LEAD + 1):
+            if n < len(s.w_bcast_regs):
+                old = s.w_bcast_regs[n]
+            else:
+                reg = Signal.like(s.w_rd.data, name=f"up_old{n}", reset_less=True)
+                m.d.sync += reg.eq(old)
+                old = reg
+        old = old.as_signed()
         step = Const(1, signed(spec.WEIGHT_BITS + 2)) << self.psg_step_shift
         sgd = old - s.shifter.out
         sign_step = Mux(zero2, 0, Mux(neg2, -step, step))
@@ -1079,7 +1165,7 @@ class _Core:
         self.inc = engine.inc
         m.d.sync += self.inc.eq(0)
         self.busy, self.fault = Signal(), Signal()
-        self.pc = Signal(ceil_log2(dataflow.PROGRAM_WORDS + 1))
+        self.pc = Signal(ceil_log2(bld.program_words + 1))
         self.correct = Signal(range(bld.max_batch + 1))
         self.in_flight = []
         self.busy_units = Signal()
@@ -1116,8 +1202,10 @@ class _Core:
         self.tau = Signal(max(lacc, 32))
         m.d.comb += self.tau.eq(Mux(engine.psg_relative, self.tau_relative, engine.psg_tau))
         self.upd_start = Signal()
+        self.upd_read = Signal()            # the update's weight read (before upd_start)
+        self.upd_read_addr = Signal(engine.w_bits)
         self.upd_addr = Signal(engine.w_bits)
-        self.upd_value = Signal(signed(lacc))
+        self.upd_value = Signal(signed(bld.lane_acc_bits()))
 
     def count(self, name, amount=1):
         """A sync statement: `amount` of event `name` in this cycle."""

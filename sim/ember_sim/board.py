@@ -26,7 +26,9 @@ from ember import spec
 
 
 def toplevel_name(build, variant):
-    return f"ember_board_{build.name}{'_spram' if build.weight_spram else ''}_{variant}"
+    # (a Verilog name: with_dataflow's builds have a "-" in theirs)
+    name = build.name.replace("-", "_")
+    return f"ember_board_{name}{'_spram' if build.weight_spram else ''}_{variant}"
 
 
 def build_board(build, simulator, variant="stream", divisor=4):
@@ -64,6 +66,8 @@ def main(argv=None):
     ap.add_argument("--simulator", default="verilator", choices=("verilator", "icarus"))
     ap.add_argument("--build", choices=sorted(spec.BUILDS),
                     help="engine build (default: sim, or the board's own with --top)")
+    ap.add_argument("--dataflow", choices=spec.DATAFLOWS,
+                    help="the build on this engine instead of its own (spec.with_dataflow)")
     ap.add_argument("--top", choices=board_sim.BOARDS,
                     help="simulate this board's top through its pins")
     ap.add_argument("--port-file", required=True)
@@ -82,6 +86,8 @@ def main(argv=None):
     if args.top:
         return _serve_top(args)
     build = spec.BUILDS[args.build or "sim"]
+    if args.dataflow:
+        build = spec.with_dataflow(build, args.dataflow)
     args.divisor = args.divisor or 4
     variant = "uart" if args.uart else "stream"
     sim_build = build_board(build, args.simulator, variant, args.divisor)
