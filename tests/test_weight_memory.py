@@ -158,12 +158,34 @@ def test_builds_select_spram():
     assert text.count("cell \\SB_SPRAM256KA ") == 4
 
 
+def sim_session_matches_model(build, simulator, layers, weights, steps, x_infer):
+    """Configure, load `weights`, train `steps` ((x, y, settings) each) and infer `x_infer` on
+    the simulated board and on the model: the correct counts, predictions, weights and exact
+    counters must agree. Returns the board's counters."""
+    from ember.device import ModelDevice, open_device
+
+    def run(dev):
+        dev.configure(layers)
+        dev.load_weights(weights)
+        correct = [dev.train_batch(x, y, s) for x, y, s in steps]
+        return correct, list(dev.infer(x_infer)), dev.read_weights(), dev.read_counters()
+
+    with open_device("sim", build=build, simulator=simulator) as sim:
+        a = run(sim)
+    b = run(ModelDevice(build))
+    assert a[0] == b[0] and a[1] == b[1]
+    for l, (wa, wb) in enumerate(zip(a[2], b[2])):
+        assert np.array_equal(wa, wb), f"layer {l} weights differ"
+    for name in spec.EXACT_COUNTERS:
+        assert a[3][name] == b[3][name], f"{name}: sim {a[3][name]} model {b[3][name]}"
+    return a[3]
+
+
 @pytest.mark.rtl
 def test_engine_with_spram_weights_matches_model():
     """The iCEBreaker build (weights in an SB_SPRAM256KA per lane) in Icarus through the
     simulated board and the link protocol: weights, predictions and counters equal the
     model's."""
-    from ember.device import ModelDevice, open_device
     build = spec.BUILDS["icebreaker"]
     rng = np.random.default_rng(7)
     layers = [13, 9, 6]
@@ -176,21 +198,8 @@ def test_engine_with_spram_weights_matches_model():
         steps.append((x, rng.integers(0, layers[-1], size=5), settings))
     x_infer = rng.integers(0, 256, size=(3, layers[0]))
 
-    def run(dev):
-        dev.configure(layers)
-        dev.load_weights(weights)
-        correct = [dev.train_batch(x, y, s) for x, y, s in steps]
-        return correct, list(dev.infer(x_infer)), dev.read_weights(), dev.read_counters()
-
-    with open_device("sim", build=build, simulator="icarus") as sim:
-        a = run(sim)
-    b = run(ModelDevice(build))
-    assert a[0] == b[0] and a[1] == b[1]
-    for l, (wa, wb) in enumerate(zip(a[2], b[2])):
-        assert np.array_equal(wa, wb), f"layer {l} weights differ"
-    for name in spec.EXACT_COUNTERS:
-        assert a[3][name] == b[3][name], f"{name}: sim {a[3][name]} model {b[3][name]}"
-    assert a[3]["cycles"] > 0
+    counters = sim_session_matches_model(build, "icarus", layers, weights, steps, x_infer)
+    assert counters["cycles"] > 0
 
 
 @pytest.mark.rtl
@@ -200,7 +209,6 @@ def test_engine_v2_with_its_weights_in_one_spram_matches_model():
     weight-gradient step an update, the single-port waits) and of several give the model's
     weights, predictions and counters. A cycle that read and wrote the SPRAM would lose the
     read (its model writes), and the weights would differ."""
-    from ember.device import ModelDevice, open_device
     build = spec.with_dataflow(spec.BUILDS["icebreaker"], "samples")
     assert build.weight_spram and build.weight_words * build.lanes == spec.SPRAM_WORDS
     rng = np.random.default_rng(11)
@@ -215,18 +223,5 @@ def test_engine_v2_with_its_weights_in_one_spram_matches_model():
         steps.append((x, rng.integers(0, layers[-1], size=batch), settings))
     x_infer = rng.integers(0, 256, size=(3, layers[0]))
 
-    def run(dev):
-        dev.configure(layers)
-        dev.load_weights(weights)
-        correct = [dev.train_batch(x, y, s) for x, y, s in steps]
-        return correct, list(dev.infer(x_infer)), dev.read_weights(), dev.read_counters()
-
-    with open_device("sim", build=build, simulator="verilator") as sim:
-        a = run(sim)
-    b = run(ModelDevice(build))
-    assert a[0] == b[0] and a[1] == b[1]
-    for l, (wa, wb) in enumerate(zip(a[2], b[2])):
-        assert np.array_equal(wa, wb), f"layer {l} weights differ"
-    for name in spec.EXACT_COUNTERS:
-        assert a[3][name] == b[3][name], f"{name}: sim {a[3][name]} model {b[3][name]}"
-    assert a[3]["weight_writes"] > 0
+    counters = sim_session_matches_model(build, "verilator", layers, weights, steps, x_infer)
+    assert counters["weight_writes"] > 0
