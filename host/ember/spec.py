@@ -404,6 +404,7 @@ BUILDS = {
                    clock_hz=30_000_000, baud=3_000_000, dataflow="samples"),
 }
 
+
 def with_dataflow(build, dataflow):
     """`build` on the other engine (DATAFLOWS), named "<name>-<dataflow>": its sizes and units,
     and on engine v2 with weight_spram its weights cut to fit one SPRAM (v2 keeps every weight
