@@ -144,7 +144,8 @@ def example_summary(out):
 def test_example_train_on_board_on_the_model():
     out = run_example("train_on_board.py", "model", "1")
     accuracy = float(re.search(r"test accuracy ([\d.]+) %", out).group(1))
-    assert out.startswith("model: network [64, 32, 10]") and accuracy > 80
+    # one epoch of e2train: 75 to 89 % over seeds 0..7 (seed 0: 75.2 %); chance is 10 %
+    assert out.startswith("model: network [64, 32, 10]") and accuracy > 70
     assert "% saved" in out and "engine cycles: 0" in out
 
 

@@ -45,6 +45,7 @@ from . import golden, spec
 from .data import Dataset
 from .policies import (STREAM_LFSR, STREAM_SHUFFLE, STREAM_SLU, STREAM_SMD, STREAM_SPLIT,
                        LayerMaskPolicy, epoch_settings, rng, with_batch)
+from .schedule import draw_order
 from .spec import ConfigError
 
 SPLITS = ("iid", "dirichlet")
@@ -238,7 +239,7 @@ class LocalRun:
         for p in range(first, stop):
             epoch, within = divmod(p, self.batches_per_epoch)
             if within == 0:
-                self.order = self.shuffle.permutation(self.samples)
+                _, self.order = draw_order(self.shuffle, self.samples)
             idx = self.order[within * cfg.batch_size:(within + 1) * cfg.batch_size]
             self.position = p + 1
             if cfg.smd > 0 and self.smd.random() < cfg.smd:

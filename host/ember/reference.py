@@ -12,6 +12,7 @@ import numpy as np
 from . import spec
 from .golden import init_weights
 from .policies import STREAM_INIT, STREAM_SHUFFLE, epoch_settings, rng
+from .schedule import draw_order
 
 #: lr_shift s <-> float step 2**-(s - LR_OFFSET) on the batch-summed gradient
 LR_OFFSET = spec.OUT_GRAD_FRAC_BITS + spec.ACT_FRAC_BITS - spec.WEIGHT_FRAC_BITS
@@ -67,7 +68,7 @@ def train_float(cfg, ds, progress=None):
     history = []
     for epoch in range(cfg.epochs):
         lr = 2.0 ** -(epoch_settings(cfg, epoch).lr_shift - LR_OFFSET)
-        order = shuffle.permutation(len(xtr))
+        _, order = draw_order(shuffle, len(xtr))
         correct = 0
         for i in range(0, len(order), cfg.batch_size):
             idx = order[i:i + cfg.batch_size]

@@ -61,7 +61,8 @@ import numpy as np
 from . import data, energy, golden, spec
 from .device import build_of
 from .policies import (STREAM_INIT, STREAM_LFSR, STREAM_SHUFFLE, STREAM_SMD, LayerMaskPolicy,
-                       epoch_settings, rng, with_batch)
+                       epoch_settings, rng)
+from .schedule import draw_epoch
 from .spec import ConfigError
 
 CHECKPOINT_FORMAT = "ember-checkpoint"
@@ -390,23 +391,20 @@ class Trainer:
         n = len(ds.x_train)
         for epoch in range(s.epoch, cfg.epochs):
             base = epoch_settings(cfg, epoch)
-            order = s.shuffle.permutation(n)
-            starts = range(0, n, cfg.batch_size)
-            bar = _progress(starts, epoch, cfg.epochs, self.progress)
-            correct = seen = dropped = 0
-            for i in bar:
-                idx = order[i:i + cfg.batch_size]
-                b = len(idx)
+            sched = draw_epoch(cfg, base, n, s.shuffle, s.smd, s.slu, s.lfsr)
+            for b, drop in zip(sched.batch_sizes(), sched.drops):
                 if b not in dense_cache:
                     dense_cache[b] = self.energy.total(dense_counters(self.layers, self.build, b))
                 s.dense_energy += dense_cache[b]
-                if cfg.smd > 0 and s.smd.random() < cfg.smd:
-                    dropped += 1
-                    s.train_counters["skip_smd"] += b * dense_per_sample
-                    continue
-                settings = with_batch(base, s.slu.next_mask(), int(s.lfsr.integers(1, 1 << 16)))
-                correct += dev.train_batch(ds.x_train[idx], ds.y_train[idx], settings)
-                seen += b
+                s.train_counters["skip_smd"] += b * dense_per_sample if drop else 0
+            dropped = sum(sched.drops)
+            seen = n - sum(b for b, d in zip(sched.batch_sizes(), sched.drops) if d)
+            bar = _progress(sched.batches(), epoch, cfg.epochs, self.progress,
+                            len(sched.drops))
+            correct = 0
+            for idx, drop, settings in bar:
+                if not drop:
+                    correct += dev.train_batch(ds.x_train[idx], ds.y_train[idx], settings)
             add_counters(s.train_counters, dev.take_counters())
             test_acc = float((dev.infer_all(ds.x_test) == ds.y_test).mean())
             # take_counters, noting the clear's sequence number for _clear_counters_as
@@ -474,7 +472,7 @@ class Trainer:
         }
 
 
-def _progress(it, epoch, epochs, enabled):
+def _progress(it, epoch, epochs, enabled, total=None):
     if not enabled:
         return it
     try:
@@ -482,7 +480,8 @@ def _progress(it, epoch, epochs, enabled):
     except ImportError:        # tqdm is a declared dependency; a bare environment still trains
         return it
     # disable=None: no bar when stderr is not a terminal (logs, CI)
-    return tqdm(it, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False, disable=None)
+    return tqdm(it, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False, disable=None,
+                total=total)
 
 
 def _log(h):
