@@ -257,7 +257,7 @@ def _config(config, preset, settings, ds):
 
 
 def train(device, dataset, config=None, *, preset="baseline", hidden=None, progress=False,
-          checkpoint=None, **settings):
+          checkpoint=None, resident="auto", **settings):
     """Train a network on `device` and return it as a Network (still on that device).
 
     dataset:   a Dataset from load_dataset
@@ -268,6 +268,9 @@ def train(device, dataset, config=None, *, preset="baseline", hidden=None, progr
                data set unless layers= says otherwise (default hidden (32,))
     progress:  print per-epoch lines and a progress bar to stderr
     checkpoint: a path to write a resumable checkpoint to after every epoch
+    resident:  "auto" (default), "on" or "off": keep the data set in the device's resident
+               data memory and train each epoch with one command, or stream every batch
+               (the same weights and counters; only the link bytes differ)
     The input scaling is the data set's (load_dataset(scaling=...)); a scaling= setting
     that differs from it is refused. Every setting, width and memory is checked against the
     device's build before training.
@@ -280,7 +283,7 @@ def train(device, dataset, config=None, *, preset="baseline", hidden=None, progr
                           f"ember.load_dataset()")
     cfg = _config(config, preset, settings, dataset).for_data(dataset, hidden)
     trainer = Trainer(device, dataset, cfg, progress=progress, checkpoint=checkpoint,
-                      notes={"preset": preset} if config is None else {})
+                      notes={"preset": preset} if config is None else {}, resident=resident)
     result = trainer.run()
     weights = trainer.final[1]
     return Network(cfg.layers, weights, dataset.scaling, result["settings"], device, result,

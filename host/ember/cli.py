@@ -17,7 +17,7 @@ from .policies import (DEFAULT_HIDDEN, KEEP_SCHEDULES, PRESETS, SLU_POLICIES, SS
 from .protocol import LinkError
 from .reference import train_float
 from .spec import ConfigError
-from .trainer import Trainer, check_fit, load_checkpoint
+from .trainer import RESIDENT_MODES, Trainer, check_fit, load_checkpoint, resident_plan
 
 
 def _layers(text):
@@ -116,6 +116,11 @@ def build_parser():
     _bool_flag(t, "zero-skip", "skip MAC cycles whose broadcast operand is zero")
     t.add_argument("--profile", help="energy profile name or JSON path (default: the build's "
                    "board profile, ice40up5k on the iCEBreaker, else horowitz45)")
+    t.add_argument("--resident", choices=RESIDENT_MODES, default="auto",
+                   help="keep the data in the device's resident data memory and train each "
+                        "epoch with one command (on), stream every batch (off), or keep "
+                        "what fits the build (auto, the default); the same weights and "
+                        "counters either way, only the link bytes differ")
     t.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     t.add_argument("--checkpoint", metavar="PATH",
                    help="after every epoch, write what a resume needs to PATH (JSON, replaced "
@@ -283,10 +288,12 @@ def cmd_train(args):
     if args.backend != "board":
         # --build is the device's build: refuse what it cannot take before starting it (a
         # board's build is read from the board; the Trainer checks it before training)
-        check_fit(cfg, ds, spec.BUILDS[args.build])
+        resident_plan(args.resident, ds, check_fit(cfg, ds, spec.BUILDS[args.build]),
+                      spec.BUILDS[args.build])
     with open_device(args.backend, build=args.build, **device_options(args)) as dev:
         result = Trainer(dev, ds, cfg, progress=not args.quiet, checkpoint=args.checkpoint,
-                         resume=checkpoint, notes={"preset": preset}).run()
+                         resume=checkpoint, notes={"preset": preset},
+                         resident=args.resident).run()
     reference = None
     if args.reference:
         reference = train_float(cfg, ds)

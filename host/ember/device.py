@@ -11,6 +11,7 @@ the device unchanged.
 
 import abc
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -103,6 +104,7 @@ def build_info(build):
         "max_batch": build.max_batch, "max_layers": build.max_layers,
         "max_width": build.max_width, "clock_hz": build.clock_hz, "baud": build.baud,
         "dataflow": build.dataflow, "program_words": build.program_words,
+        "data_bytes": build.data_bytes, "data_samples": build.data_samples,
         "features": list(build.features), "version": __version__,
     }
 
@@ -114,6 +116,8 @@ def build_of(info):
                                    "clock_hz", "baud")}
     fields["dataflow"] = info.get("dataflow", "outputs")
     fields["program_words"] = info.get("program_words", spec.Build.program_words)
+    fields["data_bytes"] = info.get("data_bytes", 0)
+    fields["data_samples"] = info.get("data_samples", 0)
     return spec.Build(name=info["build"], features=tuple(info["features"]), **fields)
 
 
@@ -166,11 +170,14 @@ class EngineDevice(Device):
                                 max_width=regs["max_width"], clock_hz=base.clock_hz,
                                 program_words=base.program_words,
                                 baud=regs["baud"], dataflow=spec.DATAFLOWS[regs["dataflow"]],
+                                data_bytes=regs["data_bytes"],
+                                data_samples=regs["data_samples"],
                                 features=tuple(f for i, f in enumerate(spec.FEATURES)
                                                if regs["features"] >> i & 1))
         self.layers = None
         self._batch = None
         self._program = None                # engine v2: what the program memory holds
+        self._resident = None               # (train, test samples) loaded, or None
 
     def identify(self):
         return build_info(self.build)
@@ -181,6 +188,7 @@ class EngineDevice(Device):
                                    any(not 0 <= s <= 31 for s in shifts)):
             raise ConfigError(f"forward shifts {shifts} must be {len(layers) - 1} values in 0..31")
         self.layers, self.shifts, self._batch, self._program = layers, shifts, None, None
+        self._resident = None               # the device unloads splits of another shape
         self._write_descriptors(1)
         zeros = [np.zeros((n, k), dtype=np.int16) for k, n in zip(layers, layers[1:])]
         self._write_weights(zeros)
@@ -253,7 +261,9 @@ class EngineDevice(Device):
         is left idle and, if the command had not yet written a weight, untouched."""
         timeout = self.link.timeout
         self.link.timeout = max(timeout, self.command_timeout)
-        name = "train" if control & spec.CONTROL_TRAIN else "infer"
+        name = next(n for bit, n in ((spec.CONTROL_TRAIN, "train"), (spec.CONTROL_INFER, "infer"),
+                                     (spec.CONTROL_EPOCH, "epoch"),
+                                     (spec.CONTROL_EVALUATE, "evaluate")) if control & bit)
         try:
             self.link.write_words(regmap.reg("control"), [control])
         except KeyboardInterrupt:
@@ -332,6 +342,90 @@ class EngineDevice(Device):
         self._run(spec.CONTROL_INFER)
         words = self.link.read_words(regmap.region("predictions"), (len(x) + 1) // 2)
         return regmap.unpack_halves(words, len(x))
+
+    # ---- resident data (docs/protocol.md section 11)
+    def _need_resident_unit(self):
+        if "resident" not in self.build.features:
+            raise ConfigError(f"build '{self.build.name}' has no resident data memory (its "
+                              f"units: {', '.join(self.build.features)}); train by streaming "
+                              "the batches instead (--resident off)")
+
+    def load_data(self, x_train, y_train, x_test=None, y_test=None):
+        """Upload a training split (and optionally a test split) into the device's resident
+        data memory, once; train_epoch and evaluate_resident then walk them on the device.
+        Inputs are UQ2.6 bytes (samples, network inputs), labels class indices. Everything is
+        checked before anything is written: a split of another width, labels the network
+        cannot output, or splits larger than the memory (the error names the bytes and
+        labels needed and the build's) raise ConfigError and leave the device as it was."""
+        self._need_config()
+        self._need_resident_unit()
+        x_train, y_train = golden.check_batch(self.layers, self.build, x_train, y_train,
+                                              spec.ORDER_MAX_SAMPLES, "training split")
+        if x_test is None:
+            x_test, y_test = x_train[:0], y_train[:0]
+        else:
+            x_test, y_test = golden.check_batch(self.layers, self.build, x_test, y_test,
+                                                spec.ORDER_MAX_SAMPLES, "test split")
+        samples, width = len(x_train) + len(x_test), self.layers[0]
+        b = self.build
+        if samples * width > b.data_bytes or samples > b.data_samples:
+            raise ConfigError(
+                f"the splits need {samples * width:,} bytes and {samples:,} labels "
+                f"({len(x_train):,} training + {len(x_test):,} test samples x {width} "
+                f"inputs); build '{b.name}' holds {b.data_bytes:,} bytes and "
+                f"{b.data_samples:,} labels of resident data. Stream the batches instead "
+                "(--resident off), or load the training split alone")
+        # unloaded while the words change, so a failed upload is never taken for data
+        self._write_runs([(regmap.reg("train_samples"), 0), (regmap.reg("test_samples"), 0)])
+        self._resident = None
+        for base, words in regmap.data_writes(np.concatenate([x_train, x_test]),
+                                              np.concatenate([y_train, y_test])):
+            self.link.write_words(base, words)
+        self._write_runs([(regmap.reg("train_samples"), len(x_train)),
+                          (regmap.reg("test_samples"), len(x_test))])
+        self._resident = (len(x_train), len(x_test))
+
+    def _need_data(self, split):
+        self._need_config()
+        self._need_resident_unit()
+        loaded = self._resident or (0, 0)
+        if loaded[split == "test"] == 0:
+            raise ConfigError(f"no resident {split} split is loaded on the device; call "
+                              "load_data() first")
+        return loaded
+
+    def train_epoch(self, schedule):
+        """Train one epoch on the resident training split as `schedule` says
+        (ember.schedule.EpochSchedule: the order key, the batch size, each batch's SMD drop,
+        SLU mask and LFSR seed, the epoch's settings), in one command. Returns how many of
+        the trained samples the forward passes classified correctly. The same weights and
+        event counters as training the schedule's batches one by one (train_batch)."""
+        n_train, _ = self._need_data("training")
+        if schedule.samples != n_train:
+            raise ConfigError(f"the schedule covers {schedule.samples} samples; the resident "
+                              f"training split holds {n_train}")
+        n_layers = len(self.layers) - 1
+        schedule.settings.check(n_layers, self.build)
+        for mask, dropped in zip(schedule.masks, schedule.drops):
+            if not dropped:
+                replace(schedule.settings, update_mask=mask).check(n_layers, self.build)
+        # written for every epoch, so that an epoch's link bytes do not depend on what ran
+        # before it (a resumed run's first epoch is then byte for byte the straight run's)
+        self._batch = None
+        self._write_descriptors(schedule.batch_size)
+        self._write_runs(regmap.settings_writes(schedule.settings, n_layers)
+                         + [(regmap.reg("epoch_key"), schedule.key)])
+        for base, words in regmap.schedule_writes(schedule.words()):
+            self.link.write_words(base, words)
+        self._run(spec.CONTROL_EPOCH)
+        return self.link.read_words(regmap.reg("correct"), 1)[0]
+
+    def evaluate_resident(self):
+        """Infer the resident test split on the device, in batches of max_batch (as
+        infer_all), in one command; returns how many samples it classified correctly."""
+        self._need_data("test")
+        self._run(spec.CONTROL_EVALUATE)
+        return self.link.read_words(regmap.reg("test_correct"), 1)[0]
 
     def read_counters(self):
         words = self.link.read_words(regmap.region("counters"), 2 * len(spec.COUNTERS))

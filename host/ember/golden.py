@@ -174,14 +174,17 @@ def init_weights(layers, seed):
     return out
 
 
-def check_batch(layers, build, x, y=None):
+def check_batch(layers, build, x, y=None, max_samples=None, what="batch"):
     """Validate a batch (inputs, optional labels) for a network on a build; returns int64
-    arrays. Raises ConfigError naming the value and the limit."""
+    arrays. Raises ConfigError naming the value and the limit. max_samples: the most samples
+    it may hold (None: the build's max_batch); `what` names it in the errors (a resident
+    data split is checked the same way)."""
     x = np.asarray(x)
+    limit = build.max_batch if max_samples is None else max_samples
     if x.ndim != 2 or x.shape[1] != layers[0]:
-        raise ConfigError(f"batch has shape {x.shape}; expected (B, {layers[0]})")
-    if not 1 <= len(x) <= build.max_batch:
-        raise ConfigError(f"batch of {len(x)} samples is outside 1..{build.max_batch}")
+        raise ConfigError(f"{what} has shape {x.shape}; expected (B, {layers[0]})")
+    if not 1 <= len(x) <= limit:
+        raise ConfigError(f"{what} of {len(x)} samples is outside 1..{limit}")
     if not np.issubdtype(x.dtype, np.integer) or x.min() < 0 or x.max() > spec.ACT_MAX:
         raise ConfigError(f"inputs must be integers in 0..{spec.ACT_MAX} (UQ2.6); got "
                           f"{x.dtype} in {x.min()}..{x.max()}")

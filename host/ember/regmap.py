@@ -184,6 +184,17 @@ def batch_writes(x, y=None, build=None):
     return bursts
 
 
+def data_writes(x, y):
+    """Writes of resident samples (docs/protocol.md section 11): their input bytes to the data
+    region (sample i's byte k at byte i * K + k) and their labels to data_labels, as bursts."""
+    return [(region("data"), pack_bytes(x)), (region("data_labels"), pack_halves(y))]
+
+
+def schedule_writes(words):
+    """An epoch's schedule words (ember.schedule.EpochSchedule.words) as one burst."""
+    return [(region("schedule"), [int(w) for w in words])]
+
+
 def program_writes(words):
     """The program memory's words (ember.dataflow.encode) as one burst."""
     return [(region("program"), [int(w) for w in words])]
@@ -219,7 +230,16 @@ def register_map():
         "program_words": {name: build.program_words for name, build in spec.BUILDS.items()},
         "flags": {f: 1 << i for i, f in enumerate(spec.FLAG_BITS)},
         "control": {"train": spec.CONTROL_TRAIN, "infer": spec.CONTROL_INFER,
-                    "clear_counters": spec.CONTROL_CLEAR_COUNTERS, "abort": spec.CONTROL_ABORT},
+                    "clear_counters": spec.CONTROL_CLEAR_COUNTERS, "abort": spec.CONTROL_ABORT,
+                    "epoch": spec.CONTROL_EPOCH, "evaluate": spec.CONTROL_EVALUATE},
+        # per build: the resident data memory's input bytes and labelled samples (0: none)
+        "data_bytes": {name: build.data_bytes for name, build in spec.BUILDS.items()},
+        "data_samples": {name: build.data_samples for name, build in spec.BUILDS.items()},
+        # an epoch's schedule word: the LFSR seed's bits, the update mask's lowest bit, the
+        # drop bit (ember.schedule)
+        "schedule_word": {"seed_bits": spec.SCHEDULE_SEED_BITS,
+                          "mask_lsb": spec.SCHEDULE_MASK_LSB,
+                          "drop_bit": spec.SCHEDULE_DROP_BIT},
         # STOPPED's fields: lowest bit and width
         "stop_fields": {name: {"lo": lo, "bits": bits}
                         for name, (lo, bits) in spec.STOP_FIELDS.items()},

@@ -27,22 +27,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import spec
-from .spec import ConfigError, StepSettings
-
-#: Bits of an epoch's order key (one 32-bit register).
-ORDER_KEY_BITS = 32
-#: Feistel rounds of the order permutation; round i's key is bits 8i.. of the key.
-ORDER_ROUNDS = 4
-#: The most samples an order covers: halves of at most 8 bits (a round key's byte).
-ORDER_MAX_SAMPLES = 1 << (2 * (ORDER_KEY_BITS // ORDER_ROUNDS))
-
-#: A schedule word per mini-batch (`EpochSchedule.words`): the LFSR seed in the low bits,
-#: the update mask above it (bit l: layer l updates), and the drop bit on top.
-SCHEDULE_SEED_BITS = 16
-SCHEDULE_MASK_LSB = SCHEDULE_SEED_BITS
-SCHEDULE_DROP_BIT = 31
-assert SCHEDULE_MASK_LSB + spec.MAX_LAYERS <= SCHEDULE_DROP_BIT
+from .spec import (ORDER_KEY_BITS, ORDER_MAX_SAMPLES, ORDER_ROUND_KEY_BITS, ORDER_ROUNDS,
+                   SCHEDULE_DROP_BIT, SCHEDULE_MASK_LSB, SCHEDULE_SEED_BITS, ConfigError,
+                   StepSettings)
 
 
 def order_half_bits(n):
@@ -69,7 +56,7 @@ def order_permute(x, key, h):
     mask = (1 << h) - 1
     left, right = x >> h, x & mask
     for i in range(ORDER_ROUNDS):
-        k = (key >> (8 * i)) & mask
+        k = (key >> (ORDER_ROUND_KEY_BITS * i)) & mask
         left, right = right, left ^ order_round_function(right, h) ^ k
     return (left << h) | right
 

@@ -126,6 +126,22 @@ SPRAM_WORDS = 16384
 SPRAM_BLOCKS = 4
 
 
+#: An epoch's sample order (ember.schedule.epoch_order, the resident data unit's order
+#: generator): a 4-round Feistel permutation keyed by ORDER_KEY_BITS, round i's key the byte
+#: 8i.. of the key, so each half has at most 8 bits and an order at most 2**16 samples.
+ORDER_KEY_BITS = 32
+ORDER_ROUNDS = 4
+ORDER_ROUND_KEY_BITS = ORDER_KEY_BITS // ORDER_ROUNDS
+ORDER_MAX_SAMPLES = 1 << (2 * ORDER_ROUND_KEY_BITS)
+#: An epoch's schedule word per mini-batch (ember.schedule.EpochSchedule.words): the LFSR
+#: seed in the low SCHEDULE_SEED_BITS, the update mask above it (bit l: layer l updates) and
+#: the SMD drop bit on top.
+SCHEDULE_SEED_BITS = 16
+SCHEDULE_MASK_LSB = SCHEDULE_SEED_BITS
+SCHEDULE_DROP_BIT = 31
+assert SCHEDULE_MASK_LSB + MAX_LAYERS <= SCHEDULE_DROP_BIT
+
+
 #: Optional engine units, in the bit order of the read-only FEATURES register. A build leaves
 #: out the units it does not list in Build.features (to fit a small FPGA); the host refuses
 #: settings that need a missing unit before it writes anything.
@@ -136,8 +152,14 @@ SPRAM_BLOCKS = 4
 #: protocol.md section 10); a build without it answers a command's write when the command has
 #: finished and takes no frame meanwhile. watchdog (needs abort): the sequencer's cycle limit
 #: per command (the `watchdog` setting); a build without it has no such register.
+#: resident: a data memory that holds a training and a test split, and the EPOCH and
+#: EVALUATE commands that walk them on the device (docs/protocol.md section 11; engine v2
+#: only, and Build.data_bytes > 0).
 FEATURES = ("zero_skip", "slu", "psg", "ssprop", "ssprop_random", "command_check", "abort",
-            "watchdog")
+            "watchdog", "resident")
+#: The units a build has unless it says otherwise: every one but resident data, whose
+#: gateware is not written yet (issue 16); the model backend runs it on a build that lists it.
+DEFAULT_FEATURES = tuple(f for f in FEATURES if f != "resident")
 
 
 @dataclass(frozen=True)
@@ -212,6 +234,9 @@ class Build:
                      them) can take such a build, not the Amaranth simulator nor the ECP5
                      (SampleEngine's tests run its single-port schedule on a generic memory
                      there). See ember_hw.weights.
+    data_bytes:      the resident data memory (feature "resident"): input bytes of the
+                     training and the test split, one sample after another (0: none).
+    data_samples:    the resident samples the data memory has labels for (train + test).
     program_words:   engine v2's program memory, 32-bit words (ember.dataflow.encode): the
                      longest program the build runs (check_network refuses a network whose
                      program needs more, dataflow.program_words_needed). 1024 is 8 block RAMs
@@ -230,8 +255,10 @@ class Build:
     baud: int = DEFAULT_BAUD
     weight_spram: bool = False
     program_words: int = 1024
-    features: tuple = FEATURES
+    features: tuple = DEFAULT_FEATURES
     dataflow: str = "outputs"
+    data_bytes: int = 0
+    data_samples: int = 0
 
     def __post_init__(self):
         unknown = set(self.features) - set(FEATURES)
@@ -246,6 +273,12 @@ class Build:
         if "watchdog" in self.features and "abort" not in self.features:
             raise ConfigError(f"build '{self.name}': watchdog needs abort (its stop answers "
                               "the command's deferred write)")
+        if "resident" in self.features and (self.dataflow != "samples" or self.data_bytes < 1
+                                            or not 1 <= self.data_samples <= ORDER_MAX_SAMPLES):
+            raise ConfigError(f"build '{self.name}': resident data needs engine v2 (dataflow "
+                              f"'samples'), data_bytes >= 1 and 1..{ORDER_MAX_SAMPLES} "
+                              f"data_samples; it has {self.dataflow!r}, {self.data_bytes}, "
+                              f"{self.data_samples}")
         if self.program_words < 1:
             raise ConfigError(f"build '{self.name}': program_words {self.program_words} must "
                               "be 1 or more")
@@ -302,6 +335,9 @@ class Build:
             Setting("lfsr_seed", 1, (1 << 16) - 1, init=1, feature="ssprop_random"),
             Setting("watchdog", 1, self.max_command_cycles(), init=self.max_command_cycles(),
                     feature="watchdog"),
+            Setting("train_samples", 0, self.data_samples, feature="resident"),
+            Setting("test_samples", 0, self.data_samples, feature="resident"),
+            Setting("epoch_key", 0, (1 << 32) - 1, feature="resident"),
         )
         return {s.name: s for s in table}
 
@@ -609,6 +645,13 @@ ADDRESS_MAP = {
     "predictions": (0x400000, 1 << REGION_BITS),
     # engine v2: the program memory, one 32-bit word each (ember.dataflow.encode)
     "program": (0x500000, 1 << REGION_BITS),
+    # resident data (feature "resident", docs/protocol.md section 11): an epoch's schedule
+    # word per mini-batch (SCHEDULE_*), the splits' input bytes (sample i's byte k at byte
+    # i * K + k, four to a word; the test split after the training split) and their labels
+    # (two 16-bit labels per word, in the same sample order)
+    "schedule": (0x600000, 1 << REGION_BITS),
+    "data": (0x700000, 1 << REGION_BITS),
+    "data_labels": (0x800000, 1 << REGION_BITS),
 }
 #: Registers (word offsets in the "regs" region). "ro" registers describe the build.
 REGISTERS = {
@@ -626,6 +669,8 @@ REGISTERS = {
     "features": (0x0B, "ro"),      # bit i: the build has FEATURES[i]
     "baud": (0x0C, "ro"),          # Build.baud: the UART rate of the board top (bits/s)
     "dataflow": (0x0D, "ro"),      # DATAFLOWS.index(Build.dataflow): the memories' layout
+    "data_bytes": (0x0E, "ro"),    # Build.data_bytes: the resident data memory (0: none)
+    "data_samples": (0x0F, "ro"),  # Build.data_samples: resident samples with a label
     "control": (0x10, "wo"),       # CONTROL_* bits: start a command
     "status": (0x11, "ro"),        # bit 0 busy
     "correct": (0x12, "ro"),       # samples the last training batch classified correctly
@@ -639,17 +684,22 @@ REGISTERS = {
     "keep_q8": (0x1F, "rw"),
     "lfsr_seed": (0x20, "rw"),
     "watchdog": (0x21, "rw"),      # the cycles one command may run (Setting "watchdog")
+    "train_samples": (0x22, "rw"),  # resident training samples (0: no data loaded)
+    "test_samples": (0x23, "rw"),  # resident test samples, after the training split
+    "epoch_key": (0x24, "rw"),     # the order key of the next EPOCH (schedule.epoch_order)
     "rejected": (0x13, "ro"),      # 1 + the COMMAND_CHECKS index the last command failed; 0
     "stopped": (0x14, "ro"),       # what the last command left if it was stopped: STOP_FIELDS
+    "test_correct": (0x15, "ro"),  # test samples the last EVALUATE classified correctly
 }
 #: Layer descriptor l lives at LAYER_BASE + l * LAYER_STRIDE + field offset.
 LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 5              # 3: writes and commands checked in the engine (bad_value);
+ENGINE_VERSION = 6              # 3: writes and commands checked in the engine (bad_value);
                                 # 4: abort, watchdog, the link answers while a command runs;
-                                # 5: the BAUD register
+                                # 5: the BAUD register; 6: resident data (its registers,
+                                # regions and the EPOCH and EVALUATE commands)
 
 
 def read_only_values(build):
@@ -664,6 +714,7 @@ def read_only_values(build):
         "max_width": build.max_width, "counters": len(COUNTERS),
         "features": build.feature_mask(), "baud": build.baud,
         "dataflow": DATAFLOWS.index(build.dataflow),
+        "data_bytes": build.data_bytes, "data_samples": build.data_samples,
     }
 
 
@@ -687,6 +738,9 @@ COMMAND_CHECKS = {
     "program": "engine v2: the program memory holds a program the engine will not run (the "
                "engine: one dataflow.verify refuses; the model: any but the one the host "
                "compiles for the network and batch in the registers)",
+    "data": "resident data: no training split is loaded (train_samples 0; for EVALUATE no "
+            "test split, test_samples 0), or the splits at the network's input width need more "
+            "than the data memory's bytes or labels",
 }
 
 
@@ -734,6 +788,24 @@ def check_command(build, regs, layer_fields, train, labels_written):
     needed = (1 << (batch + 1) // 2) - 1
     if train and labels_written & needed != needed:
         return "labels"
+    return None
+
+
+def check_resident(build, regs, layer_fields, epoch, evaluate):
+    """The first of COMMAND_CHECKS an EPOCH (`epoch` true) and/or EVALUATE (`evaluate`)
+    command fails, or None: an infer command's checks of the network and batch
+    (check_command), then "data": the split it walks is loaded and both splits fit the data
+    memory at layer 0's input width. A build without the resident unit holds no split
+    (train_samples and test_samples read 0), so it refuses both with "data"."""
+    failed = check_command(build, regs, layer_fields, False, 0)
+    if failed is not None:
+        return failed
+    n_train, n_test = regs.get("train_samples", 0), regs.get("test_samples", 0)
+    if epoch and n_train == 0 or evaluate and n_test == 0:
+        return "data"
+    samples = n_train + n_test
+    if samples * layer_fields[0]["inputs"] > build.data_bytes or samples > build.data_samples:
+        return "data"
     return None
 
 
@@ -912,6 +984,14 @@ def command_cycle_bound(build, layers, batch, train=True, settings=None):
 CONTROL_TRAIN = 1
 CONTROL_INFER = 2
 CONTROL_CLEAR_COUNTERS = 4
+#: Resident data (feature "resident"): train one epoch over the resident training split, the
+#: batches of the schedule region in the order epoch_key gives; then CORRECT holds the
+#: trained samples the forward passes classified correctly.
+CONTROL_EPOCH = 16
+#: Resident data: infer the resident test split (batches of max_batch, the last short); then
+#: TEST_CORRECT holds how many it classified correctly. With CONTROL_EPOCH in the same write,
+#: after the epoch.
+CONTROL_EVALUATE = 32
 #: Stop the running command (docs/protocol.md section 10). Answered at once, even while a
 #: command runs; the command's own answer then says whether it stopped (`aborted`) or had
 #: already written weights and ran to its end (`ok`). While no command runs it does nothing.

@@ -117,6 +117,40 @@ def check_fit(cfg, ds, build):
     return layers
 
 
+#: --resident: where the training data lives during a run
+RESIDENT_MODES = ("auto", "on", "off")
+
+
+def resident_plan(mode, ds, layers, build):
+    """(training split resident, test split resident) for a run in --resident `mode`:
+    "off" streams every batch; "on" needs the build's resident data unit and room for the
+    training split (ConfigError naming what is missing, before anything is trained); "auto"
+    keeps what fits and streams the rest. The test split is resident when it fits beside the
+    training split, else evaluation streams."""
+    if mode not in RESIDENT_MODES:
+        raise ConfigError(f"--resident {mode!r} is not one of {', '.join(RESIDENT_MODES)}")
+    if mode == "off":
+        return False, False
+    has_unit = "resident" in build.features
+
+    def fits(samples):
+        return samples * layers[0] <= build.data_bytes and samples <= build.data_samples
+
+    n_train, n_test = len(ds.x_train), len(ds.x_test)
+    if mode == "on" and not has_unit:
+        raise ConfigError(f"--resident on: build '{build.name}' has no resident data memory "
+                          f"(its units: {', '.join(build.features)}); use --resident auto or "
+                          "off to stream the batches")
+    if mode == "on" and not fits(n_train):
+        raise ConfigError(f"--resident on: the training split needs {n_train * layers[0]:,} "
+                          f"bytes and {n_train:,} labels ({n_train:,} samples x {layers[0]} "
+                          f"inputs); build '{build.name}' holds {build.data_bytes:,} bytes and "
+                          f"{build.data_samples:,} labels of resident data; use --resident "
+                          "off to stream the batches")
+    train = has_unit and fits(n_train)
+    return train, train and fits(n_train + n_test)
+
+
 def add_counters(total, part):
     for k, v in part.items():
         total[k] = total.get(k, 0) + v
@@ -254,10 +288,14 @@ class Trainer:
                 with the same settings, build and data set (checked here, before the device
                 is touched).
     notes:      a JSON-able dict stored in checkpoints as they are (e.g. the preset name).
+    resident:   "auto", "on" or "off" (RESIDENT_MODES, resident_plan): upload the data into
+                the device's resident data memory once and train each epoch with one
+                command (train_epoch), or stream every batch. The weights and event
+                counters are the same either way; only the link bytes differ.
     """
 
     def __init__(self, device, ds, cfg, progress=True, checkpoint=None, resume=None,
-                 notes=None):
+                 notes=None, resident="auto"):
         info = device.identify()
         self.build = build_of(info)
         self.build_name = info["build"]
@@ -269,6 +307,8 @@ class Trainer:
         self.checkpoint, self.resume, self.notes = checkpoint, resume, dict(notes or {})
         # every width, memory and unit any batch of the run may use, before anything is trained
         self.layers = check_fit(cfg, ds, self.build)
+        self.resident = resident_plan(resident, ds, self.layers, self.build)
+        self.upload_link_bytes = 0      # the resident splits' upload (not in the counters)
         self.final = None           # (state, weights) once run() has finished
         self.energy = energy.EnergyModel(cfg.profile, self.build)
         self.data_sha256 = data_sha256(ds)
@@ -301,6 +341,7 @@ class Trainer:
         dev.configure(self.layers)
         dev.load_weights(golden.init_weights(self.layers, [cfg.seed, STREAM_INIT]))
         dev.clear_counters()
+        self._upload()
         train_counters = dict.fromkeys(spec.COUNTERS, 0)
         train_counters["skip_smd"] = 0
         return _RunState(shuffle=rng(cfg.seed, STREAM_SHUFFLE), smd=rng(cfg.seed, STREAM_SMD),
@@ -326,6 +367,7 @@ class Trainer:
             raise ConfigError(f"the checkpoint's weights give test accuracy {test_acc} on this "
                               f"device; the checkpoint recorded "
                               f"{ckpt['history'][-1]['test_accuracy']}")
+        self._upload()
         _clear_counters_as(dev, ckpt["link_seq"])
         state = _RunState(shuffle=rng(cfg.seed, STREAM_SHUFFLE), smd=rng(cfg.seed, STREAM_SMD),
                           lfsr=rng(cfg.seed, STREAM_LFSR),
@@ -339,6 +381,19 @@ class Trainer:
             getattr(state, name).bit_generator.state = ckpt["rng"][name]
         state.slu.restore(ckpt["rng"]["slu"])
         return state
+
+    def _upload(self):
+        """Put the resident splits on the device (resident_plan) and clear the counters: the
+        upload's link bytes are reported apart (upload_link_bytes), so a run's counters are
+        the same streaming or resident, and a resumed run's the same as one that ran
+        straight through."""
+        train, test = self.resident
+        if not train:
+            return
+        ds = self.ds
+        self.device.load_data(ds.x_train, ds.y_train, *((ds.x_test, ds.y_test) if test else ()))
+        c = self.device.take_counters()
+        self.upload_link_bytes = c["link_rx_bytes"] + c["link_tx_bytes"]
 
     def _write_checkpoint(self, state):
         dev = self.device
@@ -376,6 +431,16 @@ class Trainer:
             "input_scaling": self.ds.scaling,
         }
 
+    def _stream_epoch(self, sched, epoch):
+        """Send the schedule's kept batches one by one; returns the samples they got right."""
+        ds, correct = self.ds, 0
+        bar = _progress(sched.batches(), epoch, self.cfg.epochs, self.progress,
+                        len(sched.drops))
+        for idx, drop, settings in bar:
+            if not drop:
+                correct += self.device.train_batch(ds.x_train[idx], ds.y_train[idx], settings)
+        return correct
+
     def run(self):
         cfg, dev, ds = self.cfg, self.device, self.ds
         start = time.perf_counter()
@@ -399,14 +464,13 @@ class Trainer:
                 s.train_counters["skip_smd"] += b * dense_per_sample if drop else 0
             dropped = sum(sched.drops)
             seen = n - sum(b for b, d in zip(sched.batch_sizes(), sched.drops) if d)
-            bar = _progress(sched.batches(), epoch, cfg.epochs, self.progress,
-                            len(sched.drops))
-            correct = 0
-            for idx, drop, settings in bar:
-                if not drop:
-                    correct += dev.train_batch(ds.x_train[idx], ds.y_train[idx], settings)
+            correct = dev.train_epoch(sched) if self.resident[0] else \
+                self._stream_epoch(sched, epoch)
             add_counters(s.train_counters, dev.take_counters())
-            test_acc = float((dev.infer_all(ds.x_test) == ds.y_test).mean())
+            if self.resident[1]:
+                test_acc = dev.evaluate_resident() / len(ds.x_test)
+            else:
+                test_acc = float((dev.infer_all(ds.x_test) == ds.y_test).mean())
             # take_counters, noting the clear's sequence number for _clear_counters_as
             add_counters(s.eval_counters, dev.read_counters())
             link = _link(dev)
@@ -465,6 +529,10 @@ class Trainer:
             "history": history,
             "weights_sha256": golden.weights_sha256(weights),
             "wall_s": wall_s,
+            # where the data lived: each split resident on the device or streamed, and the
+            # link bytes of the resident splits' upload (before the first epoch's counters)
+            "resident": {"train": self.resident[0], "test": self.resident[1],
+                         "upload_link_bytes": self.upload_link_bytes},
             # simulated engine cycles (the `cycles` counter: cycles a command ran) per wall
             # second of the run; 0 on the model backend, whose cycle counters stay zero
             "sim_cycles_per_s": (train_counters["cycles"] + s.eval_counters["cycles"]) / wall_s,

@@ -4,10 +4,13 @@ bytes, addresses and commands as the gateware, so the model, sim and board backe
 code path and count the same events (link bytes included).
 """
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import dataflow, protocol, spec
 from .golden import GoldenModel
+from .schedule import EpochSchedule
 from .spec import ConfigError, StepSettings
 
 _STATUS = spec.LINK_STATUS
@@ -40,6 +43,12 @@ class VirtualEngine:
         self.labels = np.zeros(build.max_batch, dtype=np.int64)
         self.predictions = np.zeros(build.max_batch, dtype=np.int64)
         self.acts = np.zeros(build.act_bytes, dtype=np.int64)
+        # resident data (feature "resident", docs/protocol.md section 11)
+        self.resident = "resident" in build.features
+        self.data = np.zeros(build.data_bytes, dtype=np.int64)
+        self.data_labels = np.zeros(build.data_samples, dtype=np.int64)
+        self.schedule = np.zeros(build.data_samples, dtype=np.int64)
+        self.test_correct = 0
         # the registers as the gateware's register bank holds them (ember_hw.regbank): a write
         # outside a setting's or field's lo..hi is refused, a left-out unit's settings constant
         self.settings_table = build.settings()
@@ -67,7 +76,8 @@ class VirtualEngine:
                     # no clock): never busy, never stopped (STOPPED 0), nothing for an abort
                     # or the watchdog to stop
                     return {"status": 0, "correct": self.correct, "rejected": self.rejected,
-                            "stopped": 0}.get(name, self.ro.get(name))
+                            "stopped": 0, "test_correct": self.test_correct,
+                            }.get(name, self.ro.get(name))
                 return 0 if mode == "wo" else self.regs[name]
             layer, field = self._layer_field(off)
             return self.layer[layer][field]
@@ -95,6 +105,10 @@ class VirtualEngine:
         if region == _REGION["acts"]:
             raise BusError("out_of_range" if off >= (self.build.act_bytes + 3) // 4
                            else "bad_value")
+        if region in self._resident_regions():
+            # write only, like the input batch
+            raise BusError("out_of_range" if off >= self._resident_regions()[region]
+                           else "bad_value")
         if region in (_REGION["labels"], _REGION["predictions"]):
             if off >= (self.build.max_batch + 1) // 2:
                 raise BusError("out_of_range")
@@ -119,14 +133,18 @@ class VirtualEngine:
                     raise BusError("bad_value")
                 if name == "layers":
                     self.labels_written = 0     # the class count may change
+                shape = self._data_shape()
                 self.regs[name] = value
+                self._keep_data_if(shape)
                 return
             layer, field = self._layer_field(off)
             if not self.fields[field].contains(value):
                 raise BusError("bad_value")
             if field == "outputs" and layer == self.regs["layers"] - 1:
                 self.labels_written = 0
+            shape = self._data_shape()
             self.layer[layer][field] = value
+            self._keep_data_if(shape)
             return
         if region == _REGION["counters"] and off < _COUNTERS_END:
             raise BusError("out_of_range")
@@ -180,7 +198,48 @@ class VirtualEngine:
         if region == _REGION["predictions"]:
             raise BusError("out_of_range" if off >= (self.build.max_batch + 1) // 2
                            else "bad_value")
+        if region in self._resident_regions():
+            if off >= self._resident_regions()[region]:
+                raise BusError("out_of_range")
+            return self._write_resident(region, off, value)
         raise BusError("out_of_range")
+
+    # ---- resident data
+    def _resident_regions(self):
+        """The resident data regions of this build: region number -> words (none without
+        the unit, so their addresses are out of range)."""
+        if not self.resident:
+            return {}
+        b = self.build
+        return {_REGION["schedule"]: b.data_samples, _REGION["data"]: (b.data_bytes + 3) // 4,
+                _REGION["data_labels"]: (b.data_samples + 1) // 2}
+
+    def _write_resident(self, region, off, value):
+        if region == _REGION["schedule"]:
+            self.schedule[off] = value
+        elif region == _REGION["data"]:
+            for i in range(4):
+                if 4 * off + i < len(self.data):
+                    self.data[4 * off + i] = (value >> (8 * i)) & 0xFF
+        else:
+            # a label the network cannot output is refused, as in the labels region
+            low, high = value & 0xFFFF, value >> 16
+            if max(low, high) >= self.classes():
+                raise BusError("bad_value")
+            self.data_labels[2 * off] = low
+            if 2 * off + 1 < len(self.data_labels):
+                self.data_labels[2 * off + 1] = high
+
+    def _data_shape(self):
+        """What the resident splits were written for: the input width and the class count."""
+        return (self.layer[0]["inputs"], self.classes())
+
+    def _keep_data_if(self, shape):
+        """A write that changed the input width or the class count unloads the splits (their
+        bytes and labels were checked for the old ones): train_samples and test_samples
+        become 0, so an EPOCH or EVALUATE is refused ("data") until they are loaded again."""
+        if self.resident and self._data_shape() != shape:
+            self.regs["train_samples"] = self.regs["test_samples"] = 0
 
     def _layer_field(self, off):
         rel = off - spec.LAYER_BASE
@@ -211,6 +270,10 @@ class VirtualEngine:
     def _control(self, value):
         if value & spec.CONTROL_ABORT:
             return                              # no command is running: nothing to stop
+        resident = value & (spec.CONTROL_EPOCH | spec.CONTROL_EVALUATE)
+        # without TRAIN and INFER; a build without the unit ignores the bits (as unknown bits)
+        if resident and self.resident and not value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER):
+            return self._resident_command(value)
         command = value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER)
         if command:
             # checked before anything happens: a refused command changes nothing (its
@@ -282,6 +345,49 @@ class VirtualEngine:
                 self.weights[b:b + w.size] = w.reshape(-1)
         else:
             self.predictions[:batch] = self.model.infer(x)
+
+    def _resident_command(self, value):
+        """EPOCH and/or EVALUATE: checked as a command (spec.check_resident), then the epoch's
+        batches with the golden model as train commands of those batches would run them,
+        then the test split in batches of max_batch as infer commands would."""
+        epoch, evaluate = bool(value & spec.CONTROL_EPOCH), bool(value & spec.CONTROL_EVALUATE)
+        failed = spec.check_resident(self.build, self.regs, self.layer, epoch, evaluate)
+        self.rejected = 0 if failed is None else 1 + list(spec.COMMAND_CHECKS).index(failed)
+        if failed is not None:
+            raise BusError("bad_value")
+        if value & spec.CONTROL_CLEAR_COUNTERS:
+            self.model.clear_counters()
+            self.link_rx = self.link_tx = 0
+        layers, desc = self._network()
+        shifts = [d["shift"] for d in desc]
+        self.model.configure(layers, shifts)
+        wbase, _, _ = dataflow.layout(layers, self.build, 1)
+        self.model.weights = [self.weights[b:b + n * k].reshape(n, k).astype(np.int16)
+                              for b, k, n in zip(wbase, layers[:-1], layers[1:])]
+        K, n_train = layers[0], self.regs["train_samples"]
+        x = self.data[:(n_train + self.regs["test_samples"]) * K].reshape(-1, K)
+        if epoch:
+            batch = self.regs["batch"]
+            words = [int(w) for w in self.schedule[:-(-n_train // batch)]]
+            sched = EpochSchedule.from_words(words, self.regs["epoch_key"], n_train, batch,
+                                             self._settings(), len(layers) - 1)
+            self.correct = 0
+            for idx, dropped, settings in sched.batches():
+                if not dropped:
+                    # the device does not trust the schedule: an LFSR cannot start at 0
+                    settings = replace(settings, lfsr_seed=settings.lfsr_seed or 1)
+                    self.correct += self.model.train_batch(x[idx], self.data_labels[idx],
+                                                           settings)
+            for b, w in zip(wbase, self.model.weights):
+                self.weights[b:b + w.size] = w.reshape(-1)
+        if evaluate:
+            self.test_correct, step = 0, self.build.max_batch
+            for i in range(n_train, len(x), step):
+                batch_x = x[i:min(i + step, len(x))]
+                predictions = self.model.infer(batch_x)
+                self.predictions[:len(batch_x)] = predictions
+                self.test_correct += int((predictions == self.data_labels[i:i + len(batch_x)])
+                                         .sum())
 
     def _settings(self):
         r = self.regs

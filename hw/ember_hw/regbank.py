@@ -387,8 +387,11 @@ class RegisterBank(wiring.Component):
                     for name, (off, mode) in spec.REGISTERS.items():
                         with m.Case(off):
                             if mode == "ro":
+                                # TEST_CORRECT: 0, no build has the resident unit's
+                                # gateware yet (spec.DEFAULT_FEATURES)
                                 value = {"status": self.busy, "correct": self.correct,
                                          "rejected": rejected, "stopped": self.stopped,
+                                         "test_correct": 0,
                                          }.get(name, ro_values.get(name))
                                 m.d.comb += ack(value)
                             elif mode == "wo":

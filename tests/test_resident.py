@@ -1,0 +1,235 @@
+"""Resident data (docs/protocol.md section 11) on the model backend: the splits uploaded once,
+an epoch in one command, evaluation on the device; the same weights and event counters as
+streaming, far fewer link bytes; and the refusals before anything changes."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ember import data, golden, regmap, spec
+from ember.device import ModelDevice
+from ember.policies import make_config
+from ember.protocol import LinkError
+from ember.schedule import EpochSchedule
+from ember.spec import ConfigError, StepSettings
+from ember.trainer import Trainer, load_checkpoint, resident_plan
+
+#: the sim build with a resident data memory for the digits (1,797 samples x 64 bytes)
+RESIDENT = dataclasses.replace(spec.BUILDS["sim"], name="sim-resident", features=spec.FEATURES,
+                               data_bytes=1 << 17, data_samples=2048)
+LINK = ("link_rx_bytes", "link_tx_bytes")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return data.load_digits()
+
+
+def _train(ds, resident, preset="all", epochs=3, build=RESIDENT, **kw):
+    cfg = make_config(preset, epochs=epochs, seed=2, **kw)
+    with ModelDevice(build) as dev:
+        t = Trainer(dev, ds, cfg, progress=False, resident=resident)
+        return t.run()
+
+
+def _without_link(counters):
+    return {k: v for k, v in counters.items() if k not in LINK}
+
+
+@pytest.mark.parametrize("preset", ["all", "baseline"])
+def test_resident_epochs_train_as_streaming_does(digits, preset):
+    resident, streaming = _train(digits, "on", preset), _train(digits, "off", preset)
+    assert resident["resident"]["train"] and resident["resident"]["test"]
+    assert resident["resident"]["upload_link_bytes"] > 1797 * 64
+    assert streaming["resident"] == {"train": False, "test": False, "upload_link_bytes": 0}
+    assert resident["weights_sha256"] == streaming["weights_sha256"]
+    assert _without_link(resident["counters"]) == _without_link(streaming["counters"])
+    assert _without_link(resident["eval_counters"]) == _without_link(streaming["eval_counters"])
+    for r, s in zip(resident["history"], streaming["history"]):
+        assert r == s
+    assert resident["counters"]["mac_forward"] > 0
+    # an epoch's command and its schedule against every batch sent: issue 16's aim, at most
+    # 1 % of streaming's link bytes (the test split is evaluated on the device too)
+    link = [sum(r["counters"][k] + r["eval_counters"][k] for k in LINK)
+            for r in (resident, streaming)]
+    assert link[0] <= 0.01 * link[1]
+
+
+def test_auto_streams_on_a_build_without_the_unit_and_keeps_what_fits(digits):
+    layers = [64, 32, 10]
+    assert resident_plan("auto", digits, layers, spec.BUILDS["sim"]) == (False, False)
+    assert resident_plan("auto", digits, layers, RESIDENT) == (True, True)
+    train_only = dataclasses.replace(RESIDENT, data_bytes=1500 * 64)
+    assert resident_plan("auto", digits, layers, train_only) == (True, False)
+    assert resident_plan("on", digits, layers, train_only) == (True, False)
+    small = dataclasses.replace(RESIDENT, data_samples=1000)
+    assert resident_plan("auto", digits, layers, small) == (False, False)
+    with pytest.raises(ConfigError, match=r"needs 92,032 bytes and 1,438 labels .* holds "
+                                          r"131,072 bytes and 1,000 labels"):
+        resident_plan("on", digits, layers, small)
+    with pytest.raises(ConfigError, match="build 'sim' has no resident data memory"):
+        resident_plan("on", digits, layers, spec.BUILDS["sim"])
+    # the training split alone resident, the test split streamed: still the same run
+    r = _train(digits, "auto", epochs=2, build=train_only)
+    s = _train(digits, "off", epochs=2)
+    assert r["resident"]["train"] and not r["resident"]["test"]
+    assert r["weights_sha256"] == s["weights_sha256"] and r["history"] == s["history"]
+
+
+class KilledInEpoch:
+    """A device whose train_epoch raises KeyboardInterrupt on its call `kill_at` (0-based)."""
+
+    def __init__(self, device, kill_at):
+        self.device, self.kill_at, self.calls = device, kill_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.device, name)
+
+    def train_epoch(self, schedule):
+        if self.calls == self.kill_at:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.device.train_epoch(schedule)
+
+
+def test_a_resumed_resident_run_ends_as_one_straight_through(digits, tmp_path):
+    cfg = make_config("all", epochs=3, seed=4)
+    path = str(tmp_path / "run.ckpt")
+    with ModelDevice(RESIDENT) as dev:
+        straight = Trainer(dev, digits, cfg, progress=False, resident="on").run()
+    with ModelDevice(RESIDENT) as dev:
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(KilledInEpoch(dev, 2), digits, cfg, progress=False, resident="on",
+                    checkpoint=path).run()
+    ckpt = load_checkpoint(path)
+    assert ckpt["epoch"] == 2
+    with ModelDevice(RESIDENT) as dev:
+        resumed = Trainer(dev, digits, cfg, progress=False, resident="on", resume=ckpt).run()
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+    assert resumed["counters"] == straight["counters"]
+    assert resumed["eval_counters"] == straight["eval_counters"]
+    assert resumed["history"] == straight["history"]
+
+
+def _device(layers=(64, 32, 10), build=RESIDENT):
+    dev = ModelDevice(build)
+    dev.configure(list(layers))
+    dev.load_weights(golden.init_weights(list(layers), [1, 4]))
+    return dev
+
+
+def _schedule(n, batch=16, layers=2, key=0x1234):
+    batches = -(-n // batch)
+    return EpochSchedule(key, n, batch, StepSettings(update_mask=(True,) * layers),
+                         (False,) * batches, ((True,) * layers,) * batches, (7,) * batches)
+
+
+def test_bad_resident_input_is_refused_before_anything_changes(digits):
+    dev = _device()
+    weights = dev.read_weights()
+    x, y = digits.x_train, digits.y_train
+    with pytest.raises(ConfigError, match=r"the splits need 131,136 bytes and 2,049 labels "
+                                          r"\(1,438 training \+ 611 test samples x 64 inputs\); "
+                                          r"build 'custom-8' holds 131,072 bytes"):
+        dev.load_data(x, y, np.concatenate([digits.x_test] * 2)[:611],
+                      np.concatenate([digits.y_test] * 2)[:611])
+    with pytest.raises(ConfigError, match=r"training split has shape \(1438, 63\)"):
+        dev.load_data(x[:, :63], y)
+    with pytest.raises(ConfigError, match="labels span 0..10; the output layer has 10"):
+        dev.load_data(x, np.where(y == 9, 10, y))
+    with pytest.raises(ConfigError, match=r"inputs must be integers in 0..255"):
+        dev.load_data(x.astype(float) + np.nan, y)
+    with pytest.raises(ConfigError, match="no resident training split is loaded"):
+        dev.train_epoch(_schedule(len(x)))
+    with pytest.raises(ConfigError, match="no resident test split is loaded"):
+        dev.evaluate_resident()
+    dev.load_data(x, y)
+    with pytest.raises(ConfigError, match="the schedule covers 100 samples; the resident "
+                                          "training split holds 1438"):
+        dev.train_epoch(_schedule(100))
+    with pytest.raises(ConfigError, match="no resident test split is loaded"):
+        dev.evaluate_resident()
+    assert [np.array_equal(a, b) for a, b in zip(dev.read_weights(), weights)] == [True, True]
+    # a build without the unit
+    plain = _device(build=spec.BUILDS["sim"])
+    with pytest.raises(ConfigError, match="build 'sim' has no resident data memory"):
+        plain.load_data(x, y)
+
+
+def test_the_device_refuses_what_a_hostile_host_sends(digits):
+    """Raw frames, past the host's checks: the device checks them again."""
+    dev = _device()
+    link, weights = dev.link, dev.read_weights()
+
+    def refused_check():
+        return list(spec.COMMAND_CHECKS)[link.read_words(regmap.reg("rejected"), 1)[0] - 1]
+
+    # an epoch with no data loaded
+    with pytest.raises(LinkError, match="bad_value"):
+        link.write_words(regmap.reg("control"), [spec.CONTROL_EPOCH])
+    assert refused_check() == "data"
+    # more samples than the data memory holds at this input width (2,048 x 65 > 131,072)
+    link.write_words(regmap.layer_field(0, "inputs"), [65])
+    link.write_words(regmap.reg("train_samples"), [2048])
+    with pytest.raises(LinkError, match="bad_value"):
+        link.write_words(regmap.reg("control"), [spec.CONTROL_EPOCH])
+    assert refused_check() == "data"
+    # a register past its range, a label the network cannot output, a word past a region
+    with pytest.raises(LinkError, match="bad_value"):
+        link.write_words(regmap.reg("train_samples"), [2049])
+    with pytest.raises(LinkError, match="bad_value"):
+        link.write_words(regmap.region("data_labels"), [3 | 10 << 16])
+    with pytest.raises(LinkError, match="out_of_range"):
+        link.write_words(regmap.region("data") + (1 << 15), [0])
+    with pytest.raises(LinkError, match="bad_value"):
+        link.read_words(regmap.region("data"), 1)
+    link.write_words(regmap.layer_field(0, "inputs"), [64])
+    assert [np.array_equal(a, b) for a, b in zip(dev.read_weights(), weights)] == [True, True]
+    # a class count that changes unloads the splits: their labels were checked for 10
+    dev.load_data(digits.x_train, digits.y_train, digits.x_test, digits.y_test)
+    assert link.read_words(regmap.reg("test_samples"), 1)[0] == len(digits.x_test)
+    link.write_words(regmap.layer_field(1, "outputs"), [12])
+    assert link.read_words(regmap.reg("train_samples"), 1)[0] == 0
+    assert link.read_words(regmap.reg("test_samples"), 1)[0] == 0
+    link.write_words(regmap.layer_field(1, "outputs"), [10])
+    with pytest.raises(LinkError, match="bad_value"):
+        link.write_words(regmap.reg("control"), [spec.CONTROL_EVALUATE])
+    assert refused_check() == "data"
+
+
+def test_a_schedule_word_the_host_would_never_send_still_runs_defined(digits):
+    """A kept batch with LFSR seed 0 runs as seed 1, and mask bits above the layer count are
+    ignored: the device never trusts the schedule to be one the host drew."""
+    dev = _device()
+    dev.load_data(digits.x_train[:64], digits.y_train[:64])
+    sched = _schedule(64, layers=2)
+    dev.train_epoch(sched)
+    expect = golden.weights_sha256(dev.read_weights())
+    dev2 = _device()
+    dev2.load_data(digits.x_train[:64], digits.y_train[:64])
+    dev2.train_epoch(sched)                # writes the descriptors, settings and schedule
+    dev2.load_weights(golden.init_weights([64, 32, 10], [1, 4]))
+    words = [(1 << 20) | 0b11 << spec.SCHEDULE_MASK_LSB | 1] * 4
+    dev2.link.write_words(regmap.region("schedule"), words)
+    dev2.link.write_words(regmap.reg("control"), [spec.CONTROL_EPOCH])
+    with_seed_1 = golden.weights_sha256(dev2.read_weights())
+    dev3 = _device()
+    dev3.load_data(digits.x_train[:64], digits.y_train[:64])
+    dev3.train_epoch(dataclasses.replace(sched, seeds=(1,) * 4))
+    assert with_seed_1 == golden.weights_sha256(dev3.read_weights())
+    assert with_seed_1 != golden.weights_sha256(_device().read_weights())
+    assert expect != golden.weights_sha256(_device().read_weights())
+
+
+def test_the_build_description_reads_the_data_memory():
+    dev = _device()
+    info = dev.identify()
+    assert info["data_bytes"] == 1 << 17 and info["data_samples"] == 2048
+    assert "resident" in info["features"]
+    assert spec.read_only_values(spec.BUILDS["sim"])["data_bytes"] == 0
+    for name in spec.BUILDS:
+        assert "resident" not in spec.BUILDS[name].features
+    with pytest.raises(ConfigError, match="resident data needs engine v2"):
+        dataclasses.replace(spec.BUILDS["v1"], features=spec.FEATURES, data_bytes=1,
+                            data_samples=1)
