@@ -7,20 +7,14 @@ import warnings
 import numpy as np
 import pytest
 from amaranth.hdl import UnusedElaboratable
-from amaranth.sim import Simulator
 
 from ember.schedule import (ORDER_KEY_BITS, ORDER_MAX_SAMPLES, epoch_order, order_half_bits,
                             order_permute, order_steps)
 from ember_hw.order import ORDER_LATENCY, SampleOrder
 
+from engine_harness import run_testbench
+
 KEY_TOP = (1 << ORDER_KEY_BITS) - 1
-
-
-def simulate(dut, testbench):
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(testbench)
-    sim.run()
 
 
 def never_stall(cycle):
@@ -98,7 +92,7 @@ def check_orders(cases, max_samples):
             assert taken_at == expect_at, f"key {key:#010x} n={n}: offer cycles"
             assert done_cycle == expect_done <= order_steps(n) + ORDER_LATENCY, (key, n)
 
-    simulate(dut, tb)
+    run_testbench(dut, tb)
 
 
 def test_small_orders_match_golden():
@@ -149,7 +143,7 @@ def test_largest_halves_match_golden():
             assert indices == epoch_order(key, n)[:taken].tolist(), f"key {key:#010x} n={n}"
             assert taken_at == expect_at[:taken]
 
-    simulate(dut, tb)
+    run_testbench(dut, tb)
 
 
 def test_smallest_unit_matches_golden():
@@ -174,7 +168,7 @@ def test_stalled_consumer_gets_the_exact_order(stall_chance):
             _, never_stalled_done = candidate_cycles(key, n)
             assert done_cycle == never_stalled_done + stalled, (key, n, stalled)
 
-    simulate(dut, tb)
+    run_testbench(dut, tb)
 
 
 def test_restarts_begin_new_orders_cleanly():
@@ -219,7 +213,7 @@ def test_restarts_begin_new_orders_cleanly():
         indices, _, _, _ = await take(ctx, dut)
         assert indices == epoch_order(key + 1, n).tolist()
 
-    simulate(dut, tb)
+    run_testbench(dut, tb)
 
 
 def test_empty_order_is_done_after_its_candidates():
@@ -230,7 +224,7 @@ def test_empty_order_is_done_after_its_candidates():
         indices, _, done_cycle, _ = await take(ctx, dut)
         assert indices == [] and done_cycle == order_steps(1) + ORDER_LATENCY - 1
 
-    simulate(dut, tb)
+    run_testbench(dut, tb)
 
 
 def test_widths_follow_max_samples():

@@ -278,14 +278,11 @@ class VirtualEngine:
         if command:
             # checked before anything happens: a refused command changes nothing (its
             # counter clear included), as in the engine's register bank
-            failed = spec.check_command(self.build, self.regs, self.layer,
-                                        bool(value & spec.CONTROL_TRAIN), self.labels_written)
-            self.rejected = 0 if failed is None else 1 + list(spec.COMMAND_CHECKS).index(failed)
-            if failed is not None:
-                raise BusError("bad_value")
-        if value & spec.CONTROL_CLEAR_COUNTERS:
-            self.model.clear_counters()
-            self.link_rx = self.link_tx = 0
+            self._verdict(spec.check_command(self.build, self.regs, self.layer,
+                                             bool(value & spec.CONTROL_TRAIN),
+                                             self.labels_written), value)
+        elif value & spec.CONTROL_CLEAR_COUNTERS:
+            self._verdict(None, value)
         if command and self.v2:
             return self._run_program(bool(value & spec.CONTROL_TRAIN))
         if command:
@@ -332,38 +329,49 @@ class VirtualEngine:
         if phases != expect:
             self.rejected = 1 + list(spec.COMMAND_CHECKS).index("program")
             raise BusError("bad_value")
-        self.model.configure(layers, shifts)
-        wbase, _, _ = dataflow.layout(layers, self.build, batch)
-        self.model.weights = [self.weights[b:b + n * k].reshape(n, k).astype(np.int16)
-                              for b, k, n in zip(wbase, layers[:-1], layers[1:])]
+        wbase = self._load_model()
         P, K = self.build.lanes, layers[0]
         S = self.build.sample_blocks(batch)
         x = self.acts[:S * K * P].reshape(S, K, P).transpose(0, 2, 1).reshape(S * P, K)[:batch]
         if train:
             self.correct = self.model.train_batch(x, self.labels[:batch], settings)
-            for b, w in zip(wbase, self.model.weights):
-                self.weights[b:b + w.size] = w.reshape(-1)
+            self._store_weights(wbase)
         else:
             self.predictions[:batch] = self.model.infer(x)
 
-    def _resident_command(self, value):
-        """EPOCH and/or EVALUATE: checked as a command (spec.check_resident), then the epoch's
-        batches with the golden model as train commands of those batches would run them,
-        then the test split in batches of max_batch as infer commands would."""
-        epoch, evaluate = bool(value & spec.CONTROL_EPOCH), bool(value & spec.CONTROL_EVALUATE)
-        failed = spec.check_resident(self.build, self.regs, self.layer, epoch, evaluate)
+    def _verdict(self, failed, value):
+        """A command's check: refused (REJECTED, bad_value) before anything happens, its
+        counter clear included, as in the engine's register bank; else the clear is done."""
         self.rejected = 0 if failed is None else 1 + list(spec.COMMAND_CHECKS).index(failed)
         if failed is not None:
             raise BusError("bad_value")
         if value & spec.CONTROL_CLEAR_COUNTERS:
             self.model.clear_counters()
             self.link_rx = self.link_tx = 0
+
+    def _load_model(self):
+        """Engine v2: the golden model configured with the descriptors' network and the
+        weight memory's weights (ember.dataflow.layout); returns the layers' weight bases."""
         layers, desc = self._network()
-        shifts = [d["shift"] for d in desc]
-        self.model.configure(layers, shifts)
-        wbase, _, _ = dataflow.layout(layers, self.build, 1)
+        self.model.configure(layers, [d["shift"] for d in desc])
+        wbase, _, _ = dataflow.layout(layers, self.build, 1)    # no base depends on the batch
         self.model.weights = [self.weights[b:b + n * k].reshape(n, k).astype(np.int16)
                               for b, k, n in zip(wbase, layers[:-1], layers[1:])]
+        return wbase
+
+    def _store_weights(self, wbase):
+        for b, w in zip(wbase, self.model.weights):
+            self.weights[b:b + w.size] = w.reshape(-1)
+
+    def _resident_command(self, value):
+        """EPOCH and/or EVALUATE: checked as a command (spec.check_resident), then the epoch's
+        batches with the golden model as train commands of those batches would run them,
+        then the test split in batches of max_batch as infer commands would."""
+        epoch, evaluate = bool(value & spec.CONTROL_EPOCH), bool(value & spec.CONTROL_EVALUATE)
+        self._verdict(spec.check_resident(self.build, self.regs, self.layer, epoch, evaluate),
+                      value)
+        layers, _ = self._network()
+        wbase = self._load_model()
         K, n_train = layers[0], self.regs["train_samples"]
         x = self.data[:(n_train + self.regs["test_samples"]) * K].reshape(-1, K)
         if epoch:
@@ -378,8 +386,7 @@ class VirtualEngine:
                     settings = replace(settings, lfsr_seed=settings.lfsr_seed or 1)
                     self.correct += self.model.train_batch(x[idx], self.data_labels[idx],
                                                            settings)
-            for b, w in zip(wbase, self.model.weights):
-                self.weights[b:b + w.size] = w.reshape(-1)
+            self._store_weights(wbase)
         if evaluate:
             self.test_correct, step = 0, self.build.max_batch
             for i in range(n_train, len(x), step):
