@@ -233,3 +233,13 @@ def test_the_build_description_reads_the_data_memory():
     with pytest.raises(ConfigError, match="resident data needs engine v2"):
         dataclasses.replace(spec.BUILDS["v1"], features=spec.FEATURES, data_bytes=1,
                             data_samples=1)
+
+
+def test_the_cli_refuses_resident_on_where_it_cannot_run(capsys):
+    from ember import cli
+    for args in (["--resident", "on", "--epochs", "1"],
+                 ["--resident", "on", "--boards", "2", "--epochs", "1"]):
+        assert cli.main(["train", "--backend", "model", "--quiet", *args]) == 2
+    err = capsys.readouterr().err
+    assert "--resident on: build 'sim' has no resident data memory" in err
+    assert "a fleet (--boards, --ports) streams its batches" in err

@@ -262,6 +262,10 @@ def _check_output(path, option):
 
 def cmd_train(args):
     if args.boards is not None or args.ports:
+        if args.resident == "on":
+            # a fleet's devices train shards round by round through train_batch
+            raise ConfigError("--resident on trains one device; a fleet (--boards, --ports) "
+                              "streams its batches: use --resident auto or off")
         try:
             from .fleet import cmd_train as fleet_train     # imports Ray: only for a fleet
         except ImportError as e:
