@@ -26,7 +26,8 @@ def test_bench_quick_runs(tmp_path):
     assert (tmp_path / "results.md").read_text().startswith("| configuration")
     assert r["setup"]["profiles"] == list(bench.BENCH_PROFILES)
     assert all(r["profiles"][p]["baseline"]["energy_ratio"] == 1.0 for p in bench.BENCH_PROFILES)
-    assert "ice40up5k: energy / baseline" in (tmp_path / "results.md").read_text()
+    table = (tmp_path / "results.md").read_text()
+    assert "ice40up5k: energy / baseline" in table and "ecp5-85f: energy / baseline" in table
     assert (tmp_path / "accuracy_energy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -60,5 +61,14 @@ def test_profile_ratios_recost_the_same_counters_under_each_profile():
     assert r["ice40up5k"]["baseline"]["link_share"] > 0.99
     # without the link, the FPGA profile sees psg's saved MACs again (memory is not costed)
     assert r["ice40up5k"]["psg"]["compute_ratio"] == pytest.approx(0.5)
+    # ecp5-85f, costed at the ULX3S build: the board's idle power over the byte times leads
+    ulx = energy.EnergyModel("ecp5-85f", spec.BUILDS["ulx3s"])
+    assert r["ecp5-85f"]["psg"]["energy_ratio"] == pytest.approx(
+        ulx.total(half_work) / ulx.total(dense))
+    assert r["ecp5-85f"]["psg"]["energy_ratio"] > 0.9999
+    assert r["ecp5-85f"]["smd"]["energy_ratio"] == pytest.approx(0.5)
+    assert r["ecp5-85f"]["baseline"]["link_share"] > 0.9999
+    assert r["ecp5-85f"]["psg"]["compute_ratio"] == pytest.approx(0.5)
     table = bench.profile_markdown(r)
     assert "| psg | 0.500 (1) | " in table or "| psg | 0.500 (2) | " in table
+    assert table.splitlines()[0].count("energy / baseline (rank)") == 3

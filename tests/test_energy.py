@@ -48,9 +48,10 @@ def test_custom_and_bad_profiles(tmp_path):
 # --- FPGA profiles (issue 16, item 4) ----------------------------------------------------------
 
 ICE = spec.BUILDS["icebreaker"]
+ULX = spec.BUILDS["ulx3s"]
 
 
-@pytest.mark.parametrize("name", ["horowitz45", "ice40up5k"])
+@pytest.mark.parametrize("name", ["horowitz45", "ice40up5k", "ecp5-85f"])
 def test_bundled_profiles_load_with_a_source_for_every_figure(name):
     p = energy.load_profile(name)
     assert name in energy.bundled_profiles()
@@ -121,6 +122,8 @@ def test_horowitz45_is_unchanged_and_the_default_off_the_boards():
     assert energy.profile_for(spec.BUILDS["sim"]) == "horowitz45"
     assert energy.profile_for(spec.BUILDS["tiny"]) == "horowitz45"
     assert energy.profile_for(ICE) == "ice40up5k"
+    assert energy.profile_for(ULX) == "ecp5-85f"
+    assert energy.build_for("ecp5-85f") is ULX and energy.build_for("ice40up5k") is ICE
     assert energy.EnergyModel(None).per_event == energy.EnergyModel("horowitz45").per_event
     e = energy.EnergyModel("horowitz45").per_event
     # the figures docs/energy.md quotes: 16x8 multiply + 48-bit add, no link or clock energy
@@ -153,6 +156,48 @@ def test_bad_asic_profile_names_the_nested_key():
     del p["int_add_pj"]
     with pytest.raises(ConfigError, match="lacks 'int_add_pj'"):
         energy.check_profile(p, "p")
+
+
+# --- ecp5-85f: the ULX3S's LFE5U-85F, from fpga-reg-power's board-level measurements ----------
+
+#: github.com/targeted/fpga-reg-power, docs/power_data.ods, row "ulx3s": flip-flops in the chain,
+#: the board's idle power (W, design in reset) and its volts and amps at 25 MHz
+REG_CHAIN, IDLE_W, V_25MHZ, A_25MHZ = 83_640, 0.202, 5.313, 0.1248
+#: flip-flops of the ULX3S build (nextpnr, docs/boards.md session 14, 41c789d)
+ULX_FLIP_FLOPS = 11_689
+
+
+def test_ecp5_figures_are_the_arithmetic_of_their_notes():
+    p = energy.load_profile("ecp5-85f")
+    assert p["kind"] == "fpga"
+    per_register_pj = (V_25MHZ * A_25MHZ - IDLE_W) / REG_CHAIN / 25e6 * 1e12
+    assert per_register_pj == pytest.approx(0.2205, abs=1e-4)
+    assert p["logic_add_pj_per_bit"] == pytest.approx(per_register_pj, rel=1e-3)
+    assert p["static_mw"] == pytest.approx(IDLE_W * 1e3)
+    assert p["clock_pj_per_cycle"] == pytest.approx(ULX_FLIP_FLOPS * per_register_pj, rel=1e-3)
+    # not in the source, or not on the chip: excluded, each with its note
+    for key in ("dsp_mult_pj", "bram_access_pj", "spram_access_pj", "link_mw"):
+        assert p[key] == 0.0 and p["notes"][key]
+    assert p["bram_width_bits"] == 18                        # DP16KD as 1,024 x 18
+    assert not ULX.weight_spram                              # the ECP5 has no SPRAM
+
+
+def test_ecp5_per_event_costs_at_the_ulx3s_build():
+    m = energy.EnergyModel("ecp5-85f", ULX)
+    p = m.profile
+    add_bit = p["logic_add_pj_per_bit"]
+    # no DSP figure: a MAC is its accumulator add, at the build's accumulator widths
+    assert m.per_event["mac_forward"] == pytest.approx(add_bit * ULX.lane_acc_bits())
+    assert m.per_event["mac_input_grad"] == pytest.approx(add_bit * ULX.dx_acc_bits())
+    assert m.per_event["weight_reads"] == m.per_event["grad_reads"] == 0.0
+    # a cycle: 202 mW over one 30 MHz period plus the flip-flops' clock estimate
+    assert ULX.clock_hz == 30_000_000
+    cycle_pj = 202e-3 / 30e6 * 1e12 + p["clock_pj_per_cycle"]
+    assert m.per_event["cycles"] == pytest.approx(cycle_pj)
+    # a link byte: the board's power (static and clock) over 10 bits at 3 Mbaud
+    board_mw = p["static_mw"] + p["clock_pj_per_cycle"] * ULX.clock_hz * 1e-9
+    assert m.per_event["link_rx_bytes"] == pytest.approx(board_mw * 1e-3 * 10 / ULX.baud * 1e12)
+    assert m.per_event["link_rx_bytes"] > 1e5 * m.per_event["mac_forward"]
 
 
 def _run(build, digits, profile=None):
@@ -191,3 +236,16 @@ def test_an_explicit_profile_wins_and_the_sim_build_stays_on_horowitz45(digits):
     s = _run(spec.BUILDS["sim"], digits)
     assert s["profile"] == "horowitz45" and list(s["energy_by_profile"]) == ["horowitz45"]
     assert s["saved_pj"] == pytest.approx(s["dense_energy_pj"] - s["energy_pj"])
+
+
+def test_a_ulx3s_build_run_reports_ecp5_85f_and_horowitz45(digits):
+    r = _run(ULX, digits)
+    assert r["profile"] == r["settings"]["profile"] == "ecp5-85f"
+    assert list(r["energy_by_profile"]) == ["ecp5-85f", "horowitz45"]
+    for name, rep in r["energy_by_profile"].items():
+        m = energy.EnergyModel(name, ULX)
+        assert rep["energy_pj"] == pytest.approx(m.total(r["counters"]))
+    assert r["energy_pj"] == pytest.approx(r["energy_by_profile"]["ecp5-85f"]["energy_pj"])
+    # the board's idle power over the link's byte times is nearly all of it
+    ecp5 = r["energy_by_profile"]["ecp5-85f"]["energy_breakdown"]
+    assert ecp5["link"] > 0.99 * r["energy_pj"]

@@ -56,7 +56,7 @@ CONFIGS = {
 }
 EXACT = set(spec.EXACT_COUNTERS) | {"skip_smd"}
 #: The profiles whose ratios the bench shows side by side (the first is the runs' own).
-BENCH_PROFILES = ("horowitz45", "ice40up5k")
+BENCH_PROFILES = ("horowitz45", "ice40up5k", "ecp5-85f")
 
 
 def _exact(c):

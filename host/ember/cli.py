@@ -115,7 +115,8 @@ def build_parser():
     t.add_argument("--ssprop-variant", choices=SSPROP_VARIANTS)
     _bool_flag(t, "zero-skip", "skip MAC cycles whose broadcast operand is zero")
     t.add_argument("--profile", help="energy profile name or JSON path (default: the build's "
-                   "board profile, ice40up5k on the iCEBreaker, else horowitz45)")
+                   "board profile, ice40up5k on the iCEBreaker, ecp5-85f on the ULX3S, else "
+                   "horowitz45)")
     t.add_argument("--resident", choices=RESIDENT_MODES, default="auto",
                    help="keep the data in the device's resident data memory and train each "
                         "epoch with one command (on), stream every batch (off), or keep "

@@ -4,8 +4,8 @@ A profile (ember/assets/<name>.json, or any JSON file with the same keys) is one
 
 - "asic" (horowitz45): primitive energies from a published source, integer adds and
   multiplies at two widths and SRAM reads at a few sizes, interpolated in width and size;
-- "fpga" (ice40up5k): per-operation energies of an FPGA's blocks, which do not scale with
-  a*b or log2(size): a DSP multiply (`dsp_mult_pj`), an adder in LUTs per bit
+- "fpga" (ice40up5k, ecp5-85f): per-operation energies of an FPGA's blocks, which do not
+  scale with a*b or log2(size): a DSP multiply (`dsp_mult_pj`), an adder in LUTs per bit
   (`logic_add_pj_per_bit`), a block RAM or SPRAM access of the block's width
   (`bram_access_pj`, `spram_access_pj`), static power (`static_mw`, charged per engine
   cycle at the build's clock), clock distribution per cycle (`clock_pj_per_cycle`) and the
@@ -28,8 +28,8 @@ from .spec import ConfigError
 
 DEFAULT_PROFILE = "horowitz45"
 #: The energy profile of each board build (a run on such a build reports it by default, and
-#: horowitz45 too). The ULX3S has none yet: docs/energy.md says which ECP5 figures are missing.
-BOARD_PROFILES = {"icebreaker": "ice40up5k"}
+#: horowitz45 too). docs/energy.md gives each profile's sources and what each leaves out.
+BOARD_PROFILES = {"icebreaker": "ice40up5k", "ulx3s": "ecp5-85f"}
 
 #: Keys every profile of a kind must have (beyond "name"); every number in them is >= 0.
 PROFILE_KEYS = {
