@@ -233,7 +233,7 @@ def test_build_report_names_the_units_built(tmp_path):
     assert report["features"] == ["zero_skip", "slu"]
     assert report["build"] == "ulx3s" and report["lanes"] == 32
     full, _ = board_build.build("ulx3s", tmp_path, run_tools=False)
-    assert full["features"] == list(spec.FEATURES)
+    assert full["features"] == list(spec.DEFAULT_FEATURES)
     # the iCEBreaker's own build leaves out PSG and ssProp (the UP5K's size)
     ice, _ = board_build.build("icebreaker", tmp_path, run_tools=False)
     assert ice["features"] == ["zero_skip", "slu"] and ice["lanes"] == 2

@@ -158,7 +158,8 @@ def test_a_program_that_leaves_a_memory_ends_the_command_with_fault():
 
 
 # --- Stopping a command: the watchdog and the abort on engine v2 (issue 15's, for v2) -------
-DEFENDED = dataclasses.replace(SMALL, name="v2-small-defended", features=spec.FEATURES)
+DEFENDED = dataclasses.replace(SMALL, name="v2-small-defended",
+                               features=spec.DEFAULT_FEATURES)
 MAX_WATCHDOG = DEFENDED.settings()["watchdog"].hi
 LAYERS, BATCH = [9, 6, 3], 3
 # every unit on: zero skip, ssProp top-k (a kept count below the width), PSG relative
