@@ -469,8 +469,6 @@ class SampleEngine(wiring.Component):
         s4 = _Stage(m, "f4", P, 0, len(s.addr["o"]))
         s5 = _Stage(m, "f5", P, 0, len(s.addr["o"]))
         on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
-        with m.If(on):
-            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
         m.d.sync += [s1.valid.eq(s.issue & on), s1.first.eq(s.first[INNER]), s1.last.eq(last_k),
                      s1.w.eq(s.addr["w"]), s1.o.eq(s.addr["o"]), s1.live.eq(live0)]
         with m.If(s.issue & on):
@@ -524,8 +522,6 @@ class SampleEngine(wiring.Component):
         best = Signal(signed(spec.LOGIT_BITS))
         best_n = Signal(len(s.addr["w"]))
         s.in_flight.append(v1 | v2)
-        with m.If(on):
-            m.d.comb += s.gmem.rd.addr.eq(s.addr["a"])
         m.d.sync += [v1.eq(s.issue & on), f1.eq(s.first[INNER]), l1.eq(s.last[INNER]),
                      lane1.eq(s.addr["o"][:LOGP]), n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
         with m.If(s.issue & on):
@@ -694,8 +690,6 @@ class SampleEngine(wiring.Component):
         on2 = Signal(P)
         relu2, relu3, relu4, relu5 = (Signal(P, name=f"ig_relu{n}") for n in range(2, 6))
         s.in_flight.append(i1.valid | i2.valid | i3.valid | i4.valid | i5.valid)
-        with m.If(on):
-            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
         m.d.sync += [i1.valid.eq(s.issue & on), i1.first.eq(s.first[INNER]),
                      i1.last.eq(s.last[INNER]),
                      i1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]), i1.o.eq(s.addr["o"]),
@@ -774,8 +768,6 @@ class SampleEngine(wiring.Component):
         stages = [(Signal(name=f"rq{n}_valid"), Signal(len(s.addr["o"]), name=f"rq{n}_o"),
                    Signal(range(P), name=f"rq{n}_lane")) for n in range(1, 5)]
         s.in_flight.append(Cat(*[v for v, _, _ in stages]) != 0)
-        with m.If(on):
-            m.d.comb += s.s_rd.addr.eq(s.addr["a"])
         v1, o1, lane1 = stages[0]
         m.d.sync += [v1.eq(s.issue & on), o1.eq(s.addr["o"]), lane1.eq(s.addr["a"][:LOGP])]
         for (va, oa, la), (vb, ob, lb) in zip(stages, stages[1:]):
@@ -814,8 +806,6 @@ class SampleEngine(wiring.Component):
         with m.If(s.issue & on & pass1 & group_start):
             m.d.sync += s.decided.eq(0)
         m.d.comb += s.pass1_at.eq(pass1)
-        with m.If(on):
-            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
         m.d.sync += [w1.valid.eq(s.issue & on), w1.first.eq(s.first[INNER]),
                      w1.last.eq(s.last[INNER]), w1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]),
                      w1.o.eq(s.addr["o"]), w1.live.eq(Mux(s.last[BL], s.thermo, s.all_lanes)),
