@@ -969,7 +969,8 @@ class SampleEngine(wiring.Component):
         sign_step = Mux(zero2, 0, Mux(neg2, -step, step))
         new = clamp_signed(Mux(self.psg, old - sign_step, sgd), spec.WEIGHT_BITS)
         m.d.sync += [u3.eq(u2), new3.eq(new), changed3.eq(new != old)]
-        with m.If(u3 & changed3):
+        m.d.comb += s.upd_write.eq(u3 & changed3)
+        with m.If(s.upd_write):
             m.d.comb += [s.w_wr.addr.eq(a3), s.w_wr.data.eq(new3), s.w_wr.en.eq(1)]
             m.d.sync += s.count("weight_writes")
 
@@ -1119,8 +1120,11 @@ class SampleEngine(wiring.Component):
                 with m.If(trained & ~s.fault):
                     m.d.sync += [s.count("batches"), s.count("samples", self.batch)]
                 m.next = "IDLE"
-        m.d.comb += [self.kind.eq(s.kind), self.layer.eq(s.layer),
-                     self.weight_write.eq(s.w_wr.en & s.busy)]
+        m.d.comb += [self.kind.eq(s.kind), self.layer.eq(s.layer)]
+        # the update's own write, not the weight memory's enable: that one is the bus's while
+        # idle, which would put the bus in the path of the stop unit's stop, which resets the
+        # whole core (a net to every register of it)
+        m.d.comb += self.weight_write.eq(s.upd_write & s.busy)
         if self.tally:
             self._tally(m, s)
         # a step whose kept channel leaves a memory: the walk stops, the step dies in its
@@ -1196,6 +1200,7 @@ class _Core:
         self.upd_read_addr = Signal(engine.w_bits)
         self.upd_addr = Signal(engine.w_bits)
         self.upd_value = Signal(signed(bld.lane_acc_bits()))
+        self.upd_write = Signal()           # the update writes a weight in this cycle
 
     def count(self, name, amount=1):
         """A sync statement: `amount` of event `name` in this cycle."""
