@@ -259,7 +259,10 @@ class SampleEngine(wiring.Component):
         m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS,
                                                 write_stages=dataflow.MEMORY_WRITE_STAGES)
         # one lane's entry of the gradient word read, for argmax and loss (one P-way
-        # multiplexer for both: each gathers every lane's memory into one place)
+        # multiplexer for both: each gathers every lane's memory into one place). Its select
+        # is a register that each phase loads with the lane of its read (the read's address
+        # cycle), not a multiplexer of the two by the phase's kind: the select fans out to
+        # the whole multiplexer, which feeds both units' compares
         s.pick_lane = Signal(range(P))
         s.lane_value = Signal(signed(spec.GRAD_BITS))
         m.d.comb += s.lane_value.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
@@ -515,7 +518,6 @@ class SampleEngine(wiring.Component):
         on = s.is_["argmax"]
         v1, v2 = Signal(name="am1_valid"), Signal(name="am2_valid")
         f1, f2, l1, l2 = (Signal(name=f"am_{n}") for n in ("f1", "f2", "l1", "l2"))
-        lane1 = Signal(range(P))
         n1, n2 = Signal(len(s.addr["w"])), Signal(len(s.addr["w"]))
         o1, o2 = Signal(len(s.addr["o"])), Signal(len(s.addr["o"]))
         pick = Signal(signed(spec.LOGIT_BITS))
@@ -523,11 +525,11 @@ class SampleEngine(wiring.Component):
         best_n = Signal(len(s.addr["w"]))
         s.in_flight.append(v1 | v2)
         m.d.sync += [v1.eq(s.issue & on), f1.eq(s.first[INNER]), l1.eq(s.last[INNER]),
-                     lane1.eq(s.addr["o"][:LOGP]), n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
+                     n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
         with m.If(s.issue & on):
             m.d.sync += s.count("grad_reads")
         with m.If(on):
-            m.d.comb += s.pick_lane.eq(lane1)
+            m.d.sync += s.pick_lane.eq(s.addr["o"][:LOGP])
         m.d.sync += [v2.eq(v1), f2.eq(f1), l2.eq(l1), pick.eq(s.lane_value), n2.eq(n1),
                      o2.eq(o1)]
         better = f2 | (pick > best)
@@ -550,10 +552,8 @@ class SampleEngine(wiring.Component):
         with m.If(on):
             m.d.comb += [s.l_rd.addr.eq(s.addr["o"]),
                          s.gmem.rd.addr.eq(s.addr["a"] + loss.rd_addr)]
-        with m.If(on):
-            m.d.comb += s.pick_lane.eq(s.loss_lane)
         with m.If(loss.rd_en):
-            m.d.sync += [s.loss_lane.eq(lane), s.count("grad_reads")]
+            m.d.sync += [s.pick_lane.eq(lane), s.count("grad_reads")]
         with m.If(loss.wr_en):
             with m.If(s.addr["a"] + loss.wr_addr < self.build.grad_words):
                 self._grad_write(m, s, s.addr["a"] + loss.wr_addr, lane, loss.wr_data)
@@ -1170,7 +1170,6 @@ class _Core:
         self.nest_done = Signal()
         self.select_done = Signal()
         self.bad_address = Signal()
-        self.loss_lane = Signal(range(self.P))
         self.keep = Signal(range(bld.max_width + 1))
         self.dense = Signal()
         self.random = Signal()
