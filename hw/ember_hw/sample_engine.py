@@ -301,10 +301,13 @@ class SampleEngine(wiring.Component):
         s.bases = {g: Signal(self.gen_bits[g], name=f"base_{g}") for g in s.gens}
         s.deltas = {g: [Signal(self.gen_bits[g] + 1, name=f"delta_{g}{i}")
                         for i in range(LEVELS)] for g in s.gens}
+        # the kind decoded as it is loaded (one register per kind, loaded with s.kind by
+        # s.load_kind), not from s.kind: every phase's control starts from these flags
         kinds = dataflow.KINDS
-        s.is_ = {name: Signal(name=f"is_{name}") for name in kinds}
-        for name, code in kinds.items():
-            m.d.comb += s.is_[name].eq(s.kind == code)
+        s.is_ = {name: Signal(name=f"is_{name}", init=code == s.kind.init)
+                 for name, code in kinds.items()}
+        s.load_kind = lambda value: [s.kind.eq(value)] + [s.is_[name].eq(value == code)
+                                                           for name, code in kinds.items()]
         s.forwardish = s.is_["forward"] | s.is_["logits"]
         s.gradish = s.is_["weight_grad"] | s.is_["psg_max"]
 
@@ -1018,7 +1021,9 @@ class SampleEngine(wiring.Component):
                     for w in range(dataflow.HEADER_WORDS):
                         with m.Case(1 + w):
                             for name, (at, off, width) in dataflow.HEADER_FIELDS.items():
-                                if at == w:
+                                if at == w and name == "kind":
+                                    m.d.sync += s.load_kind(word[off:off + width])
+                                elif at == w:
                                     m.d.sync += s.header[name].eq(word[off:off + width])
                     for i in range(dataflow.BOUND_WORDS):
                         with m.Case(1 + dataflow.HEADER_WORDS + i):
