@@ -29,15 +29,20 @@ n >= 1 and |delta| <= 2**31), |R| stays >= 2**33, so every stride outside is non
 above every limit (< 2**32): a run-time level's stride is not 0 and a counting level is out
 of range, which is what verify finds with exact integers.
 
-Timing: ``cycles = 2 + sum over the phases checked of (86 + 17 * products)`` from the start
+The read data is registered READ_STAGES times before any check uses it (the program memory's
+output is a long net on the ULX3S: it also feeds the core's loader), so a word is used
+READ_STAGES + 1 cycles after its address; the walk waits for it.
+
+Timing: ``cycles = 3 + sum over the phases checked of (116 + 17 * products)`` from the start
 cycle to the done cycle, products being the phase's multiplications: a select phase's outer
 bounds other than 1 (until the count passes N), each generator's levels with an effective
 bound of 2 or more and a nonzero stride (while its R is exact, a range fault or not: a later
 run-time level's stride needs R), and a kept phase's (N - 1) * K (unless a range fault came
-first). 86 = 3 header cycles + 2 per level's bound + 4 generators x (2 for the base + 3 per
-level + 1) + 1 verdict; 17 = the multiplier's start and its 16 steps. A phase refused by its
-header, kept list or bounds ends after its bounds; the end phase takes 2. Any program: at
-most 2 + 511 cycles per phase (86 + 17 x 25 products).
+first). 116 = 4 header cycles + 3 per level's bound + 4 generators x (3 for the base + 4 per
+level + 1) + 1 verdict (86 + 30 x READ_STAGES: one wait per read that has no read before it in
+flight); 17 = the multiplier's start and its 16 steps. A phase refused by its header, kept
+list or bounds ends after its bounds; the end phase takes 3. Any program: at most
+3 + 541 cycles per phase (116 + 17 x 25 products).
 """
 
 from amaranth import Module, Mux, Signal, signed
@@ -56,6 +61,10 @@ EXACT_BITS = spec.BUS_DATA_BITS + 1
 #: The flags of a phase's checks, in verify's order (VERIFY_CHECKS after "end" and "kind").
 PHASE_CHECKS = dataflow.VERIFY_CHECKS[2:]
 CHECK_INDEX = {name: i + 1 for i, name in enumerate(dataflow.VERIFY_CHECKS)}
+#: Registers between the program memory's read data and the checks (module docstring: the
+#: timing). The walk issues a read's successor in the cycle after it, so it needs at least one.
+READ_STAGES = 1
+assert READ_STAGES >= 1
 
 
 def run_time_levels(kind):
@@ -83,7 +92,7 @@ class ProgramCheck(wiring.Component):
       start:   In(1) -- check the program memory from word 0 (ignored while busy).
       rd_addr: Out(ceil_log2(build.program_words)) -- the program word to read;
       rd_data: In(32) -- the word at the rd_addr of the cycle before (a synchronous read
-               port).
+               port); registered READ_STAGES times inside.
       busy:    Out(1) -- from the cycle after start until done (the done cycle included).
       done:    Out(1) -- one cycle: the verdict.
       ok:      Out(1) -- with done: dataflow.verify_verdict would return None.
@@ -173,9 +182,9 @@ class ProgramCheck(wiring.Component):
         return kind_known, is_kept, run_time, run_time_bound, limit, offset
 
     def _field(self, name):
-        """Header field `name` of the word the read of the cycle before brought."""
+        """Header field `name` of the word read READ_STAGES + 1 cycles before."""
         _, off, width = dataflow.HEADER_FIELDS[name]
-        return self.rd_data[off:off + width]
+        return self._word[off:off + width]
 
     def _at_least(self, value, limit):
         """value >= limit with limit < 2**limit_bits: the bits above ORed, the rest compared."""
@@ -183,8 +192,8 @@ class ProgramCheck(wiring.Component):
         return (value[LB:] != 0) | (value[:LB] >= limit)
 
     def _bound_at(self, level):
-        """Level `level`'s bound in the bound word the read of the cycle before brought."""
-        return Mux(level[0], self.rd_data[BOUND_BITS:2 * BOUND_BITS], self.rd_data[:BOUND_BITS])
+        """Level `level`'s bound in the bound word read READ_STAGES + 1 cycles before."""
+        return Mux(level[0], self._word[BOUND_BITS:2 * BOUND_BITS], self._word[:BOUND_BITS])
 
     def elaborate(self, platform):
         m = Module()
@@ -195,6 +204,14 @@ class ProgramCheck(wiring.Component):
         LB = self.limit_bits
 
         m.submodules.mul = mul = SerialMultiplier(EXACT_BITS + 1, BOUND_BITS)
+
+        # the program word the checks take: the read data, READ_STAGES registers later
+        word = self.rd_data
+        for n in range(1, READ_STAGES + 1):
+            later = Signal.like(self.rd_data, name=f"word{n}", reset_less=True)
+            m.d.sync += later.eq(word)
+            word = later
+        self._word = word
 
         # -------- the program walk and the phase's header
         at = Signal(range(bld.program_words + dataflow.PHASE_WORDS))
@@ -232,7 +249,7 @@ class ProgramCheck(wiring.Component):
 
         stride = Signal(signed(EXACT_BITS + 2))
         stride_size = Signal(EXACT_BITS + 1)
-        m.d.comb += [stride.eq(self.rd_data.as_signed() + R),
+        m.d.comb += [stride.eq(word.as_signed() + R),
                      stride_size.eq(Mux(stride < 0, -stride, stride))]
         summed = Signal(signed(EXACT_BITS + 3))         # R with the product added
         m.d.comb += summed.eq(Mux(stride_negative, R - mul.product, R + mul.product))
@@ -272,6 +289,16 @@ class ProgramCheck(wiring.Component):
                 m.d.sync += [gen.eq(gen + 1), gen_at.eq(gen_at + 1 + LEVELS)]
                 m.next = "BASE_ADDR"
 
+        def wait_for_read(name, then, successor=()):
+            # the READ_STAGES cycles after a read's address before its word is in `word`;
+            # `successor`: the next read's address, issued in the first (the cycle after)
+            for n in range(1, READ_STAGES + 1):
+                with m.State(f"{name}_READ{n}"):
+                    m.d.comb += self.busy.eq(1)
+                    if n == 1:
+                        m.d.comb += list(successor)
+                    m.next = f"{name}_READ{n + 1}" if n < READ_STAGES else then
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -285,10 +312,11 @@ class ProgramCheck(wiring.Component):
                     m.next = "IDLE"
                 with m.Else():
                     m.d.comb += addr.eq(at)
-                    m.next = "KIND"
+                    m.next = "HEADER_READ1"
+            wait_for_read("HEADER", "KIND", successor=[addr.eq(at + 1)])
             with m.State("KIND"):
                 # header word 0: kind, tail, shift, layer
-                m.d.comb += [self.busy.eq(1), addr.eq(at + 1)]
+                m.d.comb += self.busy.eq(1)
                 with m.If(~kind_known):
                     verdict("kind")
                     m.next = "IDLE"
@@ -321,7 +349,8 @@ class ProgramCheck(wiring.Component):
                 m.next = "BOUND_ADDR"
             with m.State("BOUND_ADDR"):
                 m.d.comb += [self.busy.eq(1), addr.eq(bound_word)]
-                m.next = "BOUND"
+                m.next = "BOUND_READ1"
+            wait_for_read("BOUND", "BOUND")
             with m.State("BOUND"):
                 # the bound check; a select phase's channels: its outer bounds' product
                 m.d.comb += self.busy.eq(1)
@@ -346,20 +375,23 @@ class ProgramCheck(wiring.Component):
                     next_bound_level()
             with m.State("BASE_ADDR"):
                 m.d.comb += [self.busy.eq(1), addr.eq(gen_at)]
-                m.next = "BASE"
+                m.next = "BASE_READ1"
+            wait_for_read("BASE", "BASE")
             with m.State("BASE"):
                 # the base, compared full width
                 m.d.comb += self.busy.eq(1)
-                with m.If(self._at_least(self.rd_data, limit)):
+                with m.If(self._at_least(word, limit)):
                     m.d.sync += flag["range"].eq(1)
-                m.d.sync += [hi.eq(self.rd_data), lo.eq(self.rd_data), R.eq(0), lost.eq(0),
+                m.d.sync += [hi.eq(word), lo.eq(word), R.eq(0), lost.eq(0),
                              level.eq(INNER)]
                 m.next = "STEP_BOUND_ADDR"
             with m.State("STEP_BOUND_ADDR"):
                 m.d.comb += [self.busy.eq(1), addr.eq(bound_word)]
-                m.next = "STEP_DELTA_ADDR"
-            with m.State("STEP_DELTA_ADDR"):
-                m.d.comb += [self.busy.eq(1), addr.eq(gen_at + 1 + level)]
+                m.next = "STEP_READ1"
+            # the delta's address in the cycle after the bound's
+            wait_for_read("STEP", "STEP_BOUND", successor=[addr.eq(gen_at + 1 + level)])
+            with m.State("STEP_BOUND"):
+                m.d.comb += self.busy.eq(1)
                 m.d.sync += bound.eq(Mux(run_time, run_time_bound, self._bound_at(level)))
                 m.next = "STRIDE"
             with m.State("STRIDE"):

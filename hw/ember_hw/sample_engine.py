@@ -259,7 +259,10 @@ class SampleEngine(wiring.Component):
         m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS,
                                                 write_stages=dataflow.MEMORY_WRITE_STAGES)
         # one lane's entry of the gradient word read, for argmax and loss (one P-way
-        # multiplexer for both: each gathers every lane's memory into one place)
+        # multiplexer for both: each gathers every lane's memory into one place). Its select
+        # is a register that each phase loads with the lane of its read (the read's address
+        # cycle), not a multiplexer of the two by the phase's kind: the select fans out to
+        # the whole multiplexer, which feeds both units' compares
         s.pick_lane = Signal(range(P))
         s.lane_value = Signal(signed(spec.GRAD_BITS))
         m.d.comb += s.lane_value.eq(Array(s.gmem.rd.data.word_select(i, spec.GRAD_BITS)
@@ -298,10 +301,13 @@ class SampleEngine(wiring.Component):
         s.bases = {g: Signal(self.gen_bits[g], name=f"base_{g}") for g in s.gens}
         s.deltas = {g: [Signal(self.gen_bits[g] + 1, name=f"delta_{g}{i}")
                         for i in range(LEVELS)] for g in s.gens}
+        # the kind decoded as it is loaded (one register per kind, loaded with s.kind by
+        # s.load_kind), not from s.kind: every phase's control starts from these flags
         kinds = dataflow.KINDS
-        s.is_ = {name: Signal(name=f"is_{name}") for name in kinds}
-        for name, code in kinds.items():
-            m.d.comb += s.is_[name].eq(s.kind == code)
+        s.is_ = {name: Signal(name=f"is_{name}", init=code == s.kind.init)
+                 for name, code in kinds.items()}
+        s.load_kind = lambda value: [s.kind.eq(value)] + [s.is_[name].eq(value == code)
+                                                           for name, code in kinds.items()]
         s.forwardish = s.is_["forward"] | s.is_["logits"]
         s.gradish = s.is_["weight_grad"] | s.is_["psg_max"]
 
@@ -469,8 +475,6 @@ class SampleEngine(wiring.Component):
         s4 = _Stage(m, "f4", P, 0, len(s.addr["o"]))
         s5 = _Stage(m, "f5", P, 0, len(s.addr["o"]))
         on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
-        with m.If(on):
-            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
         m.d.sync += [s1.valid.eq(s.issue & on), s1.first.eq(s.first[INNER]), s1.last.eq(last_k),
                      s1.w.eq(s.addr["w"]), s1.o.eq(s.addr["o"]), s1.live.eq(live0)]
         with m.If(s.issue & on):
@@ -517,21 +521,18 @@ class SampleEngine(wiring.Component):
         on = s.is_["argmax"]
         v1, v2 = Signal(name="am1_valid"), Signal(name="am2_valid")
         f1, f2, l1, l2 = (Signal(name=f"am_{n}") for n in ("f1", "f2", "l1", "l2"))
-        lane1 = Signal(range(P))
         n1, n2 = Signal(len(s.addr["w"])), Signal(len(s.addr["w"]))
         o1, o2 = Signal(len(s.addr["o"])), Signal(len(s.addr["o"]))
         pick = Signal(signed(spec.LOGIT_BITS))
         best = Signal(signed(spec.LOGIT_BITS))
         best_n = Signal(len(s.addr["w"]))
         s.in_flight.append(v1 | v2)
-        with m.If(on):
-            m.d.comb += s.gmem.rd.addr.eq(s.addr["a"])
         m.d.sync += [v1.eq(s.issue & on), f1.eq(s.first[INNER]), l1.eq(s.last[INNER]),
-                     lane1.eq(s.addr["o"][:LOGP]), n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
+                     n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
         with m.If(s.issue & on):
             m.d.sync += s.count("grad_reads")
         with m.If(on):
-            m.d.comb += s.pick_lane.eq(lane1)
+            m.d.sync += s.pick_lane.eq(s.addr["o"][:LOGP])
         m.d.sync += [v2.eq(v1), f2.eq(f1), l2.eq(l1), pick.eq(s.lane_value), n2.eq(n1),
                      o2.eq(o1)]
         better = f2 | (pick > best)
@@ -554,10 +555,8 @@ class SampleEngine(wiring.Component):
         with m.If(on):
             m.d.comb += [s.l_rd.addr.eq(s.addr["o"]),
                          s.gmem.rd.addr.eq(s.addr["a"] + loss.rd_addr)]
-        with m.If(on):
-            m.d.comb += s.pick_lane.eq(s.loss_lane)
         with m.If(loss.rd_en):
-            m.d.sync += [s.loss_lane.eq(lane), s.count("grad_reads")]
+            m.d.sync += [s.pick_lane.eq(lane), s.count("grad_reads")]
         with m.If(loss.wr_en):
             with m.If(s.addr["a"] + loss.wr_addr < self.build.grad_words):
                 self._grad_write(m, s, s.addr["a"] + loss.wr_addr, lane, loss.wr_data)
@@ -694,8 +693,6 @@ class SampleEngine(wiring.Component):
         on2 = Signal(P)
         relu2, relu3, relu4, relu5 = (Signal(P, name=f"ig_relu{n}") for n in range(2, 6))
         s.in_flight.append(i1.valid | i2.valid | i3.valid | i4.valid | i5.valid)
-        with m.If(on):
-            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
         m.d.sync += [i1.valid.eq(s.issue & on), i1.first.eq(s.first[INNER]),
                      i1.last.eq(s.last[INNER]),
                      i1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]), i1.o.eq(s.addr["o"]),
@@ -774,8 +771,6 @@ class SampleEngine(wiring.Component):
         stages = [(Signal(name=f"rq{n}_valid"), Signal(len(s.addr["o"]), name=f"rq{n}_o"),
                    Signal(range(P), name=f"rq{n}_lane")) for n in range(1, 5)]
         s.in_flight.append(Cat(*[v for v, _, _ in stages]) != 0)
-        with m.If(on):
-            m.d.comb += s.s_rd.addr.eq(s.addr["a"])
         v1, o1, lane1 = stages[0]
         m.d.sync += [v1.eq(s.issue & on), o1.eq(s.addr["o"]), lane1.eq(s.addr["a"][:LOGP])]
         for (va, oa, la), (vb, ob, lb) in zip(stages, stages[1:]):
@@ -814,8 +809,6 @@ class SampleEngine(wiring.Component):
         with m.If(s.issue & on & pass1 & group_start):
             m.d.sync += s.decided.eq(0)
         m.d.comb += s.pass1_at.eq(pass1)
-        with m.If(on):
-            m.d.comb += s.amem.rd.addr.eq(s.addr["a"])
         m.d.sync += [w1.valid.eq(s.issue & on), w1.first.eq(s.first[INNER]),
                      w1.last.eq(s.last[INNER]), w1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]),
                      w1.o.eq(s.addr["o"]), w1.live.eq(Mux(s.last[BL], s.thermo, s.all_lanes)),
@@ -979,7 +972,8 @@ class SampleEngine(wiring.Component):
         sign_step = Mux(zero2, 0, Mux(neg2, -step, step))
         new = clamp_signed(Mux(self.psg, old - sign_step, sgd), spec.WEIGHT_BITS)
         m.d.sync += [u3.eq(u2), new3.eq(new), changed3.eq(new != old)]
-        with m.If(u3 & changed3):
+        m.d.comb += s.upd_write.eq(u3 & changed3)
+        with m.If(s.upd_write):
             m.d.comb += [s.w_wr.addr.eq(a3), s.w_wr.data.eq(new3), s.w_wr.en.eq(1)]
             m.d.sync += s.count("weight_writes")
 
@@ -1027,7 +1021,9 @@ class SampleEngine(wiring.Component):
                     for w in range(dataflow.HEADER_WORDS):
                         with m.Case(1 + w):
                             for name, (at, off, width) in dataflow.HEADER_FIELDS.items():
-                                if at == w:
+                                if at == w and name == "kind":
+                                    m.d.sync += s.load_kind(word[off:off + width])
+                                elif at == w:
                                     m.d.sync += s.header[name].eq(word[off:off + width])
                     for i in range(dataflow.BOUND_WORDS):
                         with m.Case(1 + dataflow.HEADER_WORDS + i):
@@ -1129,8 +1125,11 @@ class SampleEngine(wiring.Component):
                 with m.If(trained & ~s.fault):
                     m.d.sync += [s.count("batches"), s.count("samples", self.batch)]
                 m.next = "IDLE"
-        m.d.comb += [self.kind.eq(s.kind), self.layer.eq(s.layer),
-                     self.weight_write.eq(s.w_wr.en & s.busy)]
+        m.d.comb += [self.kind.eq(s.kind), self.layer.eq(s.layer)]
+        # the update's own write, not the weight memory's enable: that one is the bus's while
+        # idle, which would put the bus in the path of the stop unit's stop, which resets the
+        # whole core (a net to every register of it)
+        m.d.comb += self.weight_write.eq(s.upd_write & s.busy)
         if self.tally:
             self._tally(m, s)
         # a step whose kept channel leaves a memory: the walk stops, the step dies in its
@@ -1176,7 +1175,6 @@ class _Core:
         self.nest_done = Signal()
         self.select_done = Signal()
         self.bad_address = Signal()
-        self.loss_lane = Signal(range(self.P))
         self.keep = Signal(range(bld.max_width + 1))
         self.dense = Signal()
         self.random = Signal()
@@ -1206,6 +1204,7 @@ class _Core:
         self.upd_read_addr = Signal(engine.w_bits)
         self.upd_addr = Signal(engine.w_bits)
         self.upd_value = Signal(signed(bld.lane_acc_bits()))
+        self.upd_write = Signal()           # the update writes a weight in this cycle
 
     def count(self, name, amount=1):
         """A sync statement: `amount` of event `name` in this cycle."""
