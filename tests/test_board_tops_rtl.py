@@ -111,7 +111,7 @@ def test_board_top_pins_are_module_ports(board):
     assert f"output {top.tx};" in text
     assert ("SB_PLL40_PAD" if board == "icebreaker" else "EHXPLLL") in text
     assert top.clock_hz == spec.BUILDS[board].clock_hz
-    assert top.divisor == {"icebreaker": 8, "ulx3s": 15}[board] == board_sim.DEFAULT_DIVISOR[board]
+    assert top.divisor == {"icebreaker": 8, "ulx3s": 10}[board] == board_sim.DEFAULT_DIVISOR[board]
     assert top.build.baud == spec.BUILDS[board].baud == top.clock_hz / top.divisor
     # another divisor: the build's baud (the BAUD register) follows it
     _, fast = board_sim.board_verilog(board, spec.BUILDS["tiny"], divisor=5)

@@ -139,4 +139,4 @@ def test_throughput_json_has_the_issues_keys(monkeypatch, capsys):
     assert r["resident_samples_per_s"] is None
     assert throughput.main(["--board", "ulx3s", "--report", "/nonexistent"]) == 0
     text = capsys.readouterr().out
-    assert "3000000 baud (divisor 15, error +0.00%)" in text and "resident n/a" in text
+    assert "3000000 baud (divisor 10, error +0.00%)" in text and "resident n/a" in text

@@ -1,11 +1,11 @@
 """ULX3S (ECP5 LFE5U-85F) top: the engine at spec.BUILDS["ulx3s"] behind an EHXPLLL.
 
 Clock: the board's 25 MHz oscillator (pin G2) feeds an EHXPLLL with CLKOP fed back.
-`ecp5_pll(25 MHz, build.clock_hz)` picks the dividers; for the 45 MHz target that is
-CLKI_DIV=5, CLKFB_DIV=9, CLKOP_DIV=13: 25 MHz / 5 x 9 = 45.000 MHz exactly, VCO 585 MHz.
+`ecp5_pll(25 MHz, build.clock_hz)` picks the dividers; for the 30 MHz target that is
+CLKI_DIV=5, CLKFB_DIV=6, CLKOP_DIV=20: 25 MHz / 5 x 6 = 30.000 MHz exactly, VCO 600 MHz.
 
 UART: the FT231X (FPGA pins M1 rx, L4 tx) at build.baud: 3 Mbaud for spec.BUILDS["ulx3s"] (the
-FT231X's fastest rate), 15 cycles of 45 MHz per bit.
+FT231X's fastest rate), 10 cycles of 30 MHz per bit.
 LEDs: LED 0 busy, LED 1 link_busy, LED 7 heartbeat.
 
 Floorplan: each lane's multiplier is fixed to a DSP site (`lane_multiplier_sites`), the

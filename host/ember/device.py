@@ -535,7 +535,7 @@ class SimulationClock:
 
 
 #: Simulated seconds the sim backend's Link waits for an answer: far beyond any frame's
-#: (the longest, at the ULX3S top's 15 cycles per UART bit, takes about 14 ms of its 45 MHz
+#: (the longest, at the ULX3S top's 10 cycles per UART bit, takes about 14 ms of its 30 MHz
 #: clock); the wall time it takes does not matter (SimulationClock).
 SIM_LINK_TIMEOUT_S = 1.0
 

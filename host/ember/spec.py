@@ -430,15 +430,14 @@ BUILDS = {
     "tiny": Build(name="tiny", lanes=4, weight_words=512, act_bytes=1024, grad_words=128,
                   scratch_entries=256, max_batch=8, max_layers=4, max_width=64,
                   clock_hz=40_000_000, baud=2_000_000),
-    # Engine v2 at 32 lanes with every unit (docs/boards.md, "Session 14" and "Session 15").
-    # 45 MHz: a clock 3 Mbaud divides exactly, below the build's routed fmax (49.14 MHz at
-    # seed 2); the aim is 100 MHz.
+    # Engine v2 at 32 lanes with every unit (docs/boards.md, "Session 14"). 30 MHz: v1's
+    # clock on this board; the aim is 100 MHz.
     # 1024 weight words of 32 weights (32 K weights; 784-32-10 needs 816 words): one weight
-    # memory of 32,768 x 16 bits in block RAM. 3 Mbaud, the FT231X's fastest rate: 15 cycles
-    # of 45 MHz per bit.
+    # memory of 32,768 x 16 bits in block RAM. 3 Mbaud, the FT231X's fastest rate: 10 cycles
+    # of 30 MHz per bit.
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
-                   clock_hz=45_000_000, baud=3_000_000, dataflow="samples"),
+                   clock_hz=30_000_000, baud=3_000_000, dataflow="samples"),
 }
 
 

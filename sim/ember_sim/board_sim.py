@@ -33,7 +33,7 @@ The iCEBreaker build keeps its weights in SB_SPRAM256KA, simulated by Yosys's
 share/ice40/cells_sim.v as in ember_sim.board. The PLLs are MODELLED, NOT SIMULATED
 (models/pll_models.v): SB_PLL40_PAD and EHXPLLL pass their reference clock through and raise
 LOCK after 64 reference cycles. The bench therefore drives the board's clock pin at the PLL's
-*output* frequency (the top's ``clock_hz``: 24 MHz on the iCEBreaker, 45 MHz on the ULX3S),
+*output* frequency (the top's ``clock_hz``: 24 MHz on the iCEBreaker, 30 MHz on the ULX3S),
 in whole picoseconds (BoardTopSim.clock_period_ps),
 not at the oscillator's; what the PLL dividers give is checked by tests/test_boards.py and, on
 the chip, by nextpnr. Yosys's cells_sim.v declares SB_PLL40_PAD as an empty blackbox, so the
@@ -42,8 +42,8 @@ iCEBreaker simulation compiles a copy of it without that module (build/sim/model
 UART speed
 ----------
 The top's UART runs at its build's baud (ember_boards.common.engine_on_uart), by default the
-board's own: 3 Mbaud, 8 cycles per bit of the iCEBreaker's 24 MHz and 15 of the ULX3S's
-45 MHz, as in the bitstream. The bench's side of the line uses the same bit time. A `divisor`
+board's own: 3 Mbaud, 8 cycles per bit of the iCEBreaker's 24 MHz and 10 of the ULX3S's
+30 MHz, as in the bitstream. The bench's side of the line uses the same bit time. A `divisor`
 given instead makes the build's baud the clock divided by it (the BAUD register reads that).
 """
 
