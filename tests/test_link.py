@@ -342,7 +342,7 @@ def _sender_levels(data, bit_cycles, phase, idle=6):
 
 @pytest.mark.parametrize("divisor", sorted({8, 10, *board_sim.DEFAULT_DIVISOR.values()}))
 def test_uart_rx_at_the_board_divisors_takes_a_sender_3_percent_off(divisor):
-    """At the boards' 8 and 15 cycles per bit (and 10, the ULX3S's at 30 MHz), back-to-back
+    """At the boards' 8 and 10 cycles per bit (the iCEBreaker's and the ULX3S's), back-to-back
     bytes from a sender 3 % fast or slow are all received, whatever the phase of the first
     start edge against the clock.
     (A fast sender is the hard case: each stop bit's sample must come before the next start
