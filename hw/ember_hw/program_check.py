@@ -181,6 +181,31 @@ class ProgramCheck(wiring.Component):
 
         return kind_known, is_kept, run_time, run_time_bound, limit, offset
 
+    def _verdict(self, m, check):
+        """The check's answer in this cycle: `done`, and ok or the failed check's index."""
+        m.d.comb += [self.done.eq(1), self.ok.eq(check is None),
+                     self.check.eq(0 if check is None else CHECK_INDEX[check])]
+
+    def _registered_word(self, m):
+        """The program word the checks take: the read data, READ_STAGES registers later."""
+        word = self.rd_data
+        for n in range(1, READ_STAGES + 1):
+            later = Signal.like(self.rd_data, name=f"word{n}", reset_less=True)
+            m.d.sync += later.eq(word)
+            word = later
+        return word
+
+    def _wait_for_read(self, m, name, then, successor=()):
+        """The FSM states of the READ_STAGES cycles after a read's address before its word
+        is in the registered word, then state `then`; `successor`: the next read's address,
+        issued in the first of them (the cycle after)."""
+        for n in range(1, READ_STAGES + 1):
+            with m.State(f"{name}_READ{n}"):
+                m.d.comb += self.busy.eq(1)
+                if n == 1:
+                    m.d.comb += list(successor)
+                m.next = f"{name}_READ{n + 1}" if n < READ_STAGES else then
+
     def _field(self, name):
         """Header field `name` of the word read READ_STAGES + 1 cycles before."""
         _, off, width = dataflow.HEADER_FIELDS[name]
@@ -205,13 +230,7 @@ class ProgramCheck(wiring.Component):
 
         m.submodules.mul = mul = SerialMultiplier(EXACT_BITS + 1, BOUND_BITS)
 
-        # the program word the checks take: the read data, READ_STAGES registers later
-        word = self.rd_data
-        for n in range(1, READ_STAGES + 1):
-            later = Signal.like(self.rd_data, name=f"word{n}", reset_less=True)
-            m.d.sync += later.eq(word)
-            word = later
-        self._word = word
+        word = self._word = self._registered_word(m)
 
         # -------- the program walk and the phase's header
         at = Signal(range(bld.program_words + dataflow.PHASE_WORDS))
@@ -258,10 +277,6 @@ class ProgramCheck(wiring.Component):
         lo_next = Signal.like(lo)
         m.d.comb += [hi_next.eq(hi + reach), lo_next.eq(lo - reach)]
 
-        def verdict(check):
-            m.d.comb += [self.done.eq(1), self.ok.eq(check is None),
-                         self.check.eq(0 if check is None else CHECK_INDEX[check])]
-
         def next_bound_level(bound_fault=False):
             # bound_fault: the bound check's flag as it is set in this cycle
             with m.If(level == INNER):
@@ -289,16 +304,6 @@ class ProgramCheck(wiring.Component):
                 m.d.sync += [gen.eq(gen + 1), gen_at.eq(gen_at + 1 + LEVELS)]
                 m.next = "BASE_ADDR"
 
-        def wait_for_read(name, then, successor=()):
-            # the READ_STAGES cycles after a read's address before its word is in `word`;
-            # `successor`: the next read's address, issued in the first (the cycle after)
-            for n in range(1, READ_STAGES + 1):
-                with m.State(f"{name}_READ{n}"):
-                    m.d.comb += self.busy.eq(1)
-                    if n == 1:
-                        m.d.comb += list(successor)
-                    m.next = f"{name}_READ{n + 1}" if n < READ_STAGES else then
-
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -308,24 +313,24 @@ class ProgramCheck(wiring.Component):
                 m.d.comb += self.busy.eq(1)
                 with m.If(index > (bld.program_words - dataflow.HEADER_WORDS)
                           // dataflow.PHASE_WORDS):
-                    verdict("end")
+                    self._verdict(m, "end")
                     m.next = "IDLE"
                 with m.Else():
                     m.d.comb += addr.eq(at)
                     m.next = "HEADER_READ1"
-            wait_for_read("HEADER", "KIND", successor=[addr.eq(at + 1)])
+            self._wait_for_read(m, "HEADER", "KIND", successor=[addr.eq(at + 1)])
             with m.State("KIND"):
                 # header word 0: kind, tail, shift, layer
                 m.d.comb += self.busy.eq(1)
                 with m.If(~kind_known):
-                    verdict("kind")
+                    self._verdict(m, "kind")
                     m.next = "IDLE"
                 with m.Elif(self._field("kind") == KINDS["end"]):
-                    verdict(None)
+                    self._verdict(m, None)
                     m.next = "IDLE"
                 with m.Elif(index > (bld.program_words - dataflow.PHASE_WORDS)
                             // dataflow.PHASE_WORDS):
-                    verdict("end")
+                    self._verdict(m, "end")
                     m.next = "IDLE"
                 with m.Else():
                     tail = self._field("tail")
@@ -350,7 +355,7 @@ class ProgramCheck(wiring.Component):
             with m.State("BOUND_ADDR"):
                 m.d.comb += [self.busy.eq(1), addr.eq(bound_word)]
                 m.next = "BOUND_READ1"
-            wait_for_read("BOUND", "BOUND")
+            self._wait_for_read(m, "BOUND", "BOUND")
             with m.State("BOUND"):
                 # the bound check; a select phase's channels: its outer bounds' product
                 m.d.comb += self.busy.eq(1)
@@ -376,7 +381,7 @@ class ProgramCheck(wiring.Component):
             with m.State("BASE_ADDR"):
                 m.d.comb += [self.busy.eq(1), addr.eq(gen_at)]
                 m.next = "BASE_READ1"
-            wait_for_read("BASE", "BASE")
+            self._wait_for_read(m, "BASE", "BASE")
             with m.State("BASE"):
                 # the base, compared full width
                 m.d.comb += self.busy.eq(1)
@@ -389,7 +394,7 @@ class ProgramCheck(wiring.Component):
                 m.d.comb += [self.busy.eq(1), addr.eq(bound_word)]
                 m.next = "STEP_READ1"
             # the delta's address in the cycle after the bound's
-            wait_for_read("STEP", "STEP_BOUND", successor=[addr.eq(gen_at + 1 + level)])
+            self._wait_for_read(m, "STEP", "STEP_BOUND", successor=[addr.eq(gen_at + 1 + level)])
             with m.State("STEP_BOUND"):
                 m.d.comb += self.busy.eq(1)
                 m.d.sync += bound.eq(Mux(run_time, run_time_bound, self._bound_at(level)))
@@ -455,7 +460,7 @@ class ProgramCheck(wiring.Component):
                     for i, name in enumerate(PHASE_CHECKS):
                         cond = faults[i] if i == 0 else faults[i] & (faults[:i] == 0)
                         with m.If(cond):
-                            verdict(name)
+                            self._verdict(m, name)
                     m.next = "IDLE"
                 with m.Else():
                     with m.If(kind == KINDS["select"]):
