@@ -35,7 +35,8 @@ def test_infer_program_predicts_as_the_golden_model(seed):
     mem = dataflow.Memories(BUILD)
     mem.load_network(layers, weights, batch)
     mem.load_inputs(x)
-    counts, _ = dataflow.execute(dataflow.infer_program(layers, BUILD, batch, shifts), mem)
+    counts, _ = dataflow.execute(dataflow.infer_program(layers, BUILD, batch, shifts), mem,
+                                 batch)
     assert (mem.preds[:batch] == g.infer(x)).all()
     # the MACs and the zero skips are the golden model's; the reads are the dataflow's
     for name in ("mac_forward", "skip_zero", "infer_samples"):
@@ -148,25 +149,24 @@ def test_decode_refuses_unknown_kinds_and_truncated_programs():
 
 def test_a_network_whose_program_does_not_fit_is_refused_before_it_is_written():
     """spec.check_network refuses, naming the words and the limit, a network whose largest
-    program (relative PSG's phases, a partial last sample block) would not fit the program
-    memory; where it fits, program_words_needed is that program's length."""
+    program (relative PSG's phases) would not fit the program memory; where it fits, program_words_needed is that program's length."""
     build = spec.BUILDS["sim"]
-    shifts = [0] * 5
-    fits = [16] * 6
+    shifts = [0] * 6
+    fits = [16] * 7
     spec.check_network(fits, build, 13)
     words = dataflow.encode(dataflow.train_program(fits, build, 13, shifts, True), build)
     assert dataflow.program_words_needed(fits, build, 13) == len(words)
     assert dataflow.program_words_needed(fits, build) >= len(words)
     with pytest.raises(spec.ConfigError, match=r"needs a program of 1191 words; build 'sim' "
                                                r"holds 1024"):
-        spec.check_network([16] * 7, build, 13)
+        spec.check_network([16] * 8, build, 13)
     # the limit is the build's: the iCEBreaker's 512 words as v2 would run it hold digits'
-    # 64-32-10 (379 words) but not three 63-wide layers (remainder phases: 756)
+    # 64-32-10 (321 words) but not three 63-wide layers (669)
     ice = dataclasses.replace(spec.BUILDS["icebreaker"], dataflow="samples",
                               weight_words=spec.SPRAM_WORDS // spec.BUILDS["icebreaker"].lanes)
     assert ice.program_words == 512
     spec.check_network([64, 32, 10], ice)
-    assert dataflow.program_words_needed([64, 32, 10], ice) == 379
-    with pytest.raises(spec.ConfigError, match=r"needs a program of 756 words; build "
+    assert dataflow.program_words_needed([64, 32, 10], ice) == 321
+    with pytest.raises(spec.ConfigError, match=r"needs a program of 669 words; build "
                                                r"'icebreaker' holds 512"):
         spec.check_network([63, 63, 63, 10], ice, 3)

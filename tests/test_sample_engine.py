@@ -76,7 +76,7 @@ def test_infer_matches_the_executor_and_the_golden_model(seed):
     mem.load_network(layers, weights, batch)
     mem.load_inputs(x)
     phases = dataflow.infer_program(layers, SMALL, batch, shifts)
-    counts, _ = dataflow.execute(phases, mem)
+    counts, _ = dataflow.execute(phases, mem, batch)
     dut = SampleEngine(SMALL)
     out = {}
 
@@ -166,17 +166,18 @@ ICE_UNITS_BUILD = dataclasses.replace(SPRAM_BUILD, name="spram2-lean",
                                       features=("zero_skip", "slu"))
 
 
-def check_train_step(build, rng, batch=None, settings=None, layers=None):
-    """A training step of random_case on `build` (at `batch`, of `layers` if given) in the
-    Amaranth simulator against the golden model and the executor, and its cycles against the
-    watchdog's bound; returns the engine's outputs (and `conflict`: its weight memory's)."""
+def check_train_step(build, rng, batch=None, settings=None, layers=None, capacity=None):
+    """A training step of random_case on `build` (at `batch`, of `layers` if given; its
+    program compiled for `capacity`, by default the batch) in the Amaranth simulator against
+    the golden model and the executor, and its cycles against the watchdog's bound; returns
+    the engine's outputs (and `conflict`: its weight memory's)."""
     drawn, _, weights, shifts, x = random_case(rng, build)
     if layers is not None:
         weights = [rng.integers(-6000, 6000, (n, k)).astype(np.int16)
                    for k, n in zip(layers[:-1], layers[1:])]
         shifts = [spec.HIDDEN_SHIFT] * (len(layers) - 2) + [spec.OUTPUT_SHIFT]
     layers = layers or drawn
-    while batch is not None and not fits(layers, build, batch):
+    while batch is not None and not fits(layers, build, max(batch, capacity or 0)):
         layers = [max(2, v // 2) for v in layers]
         weights = [w[:n, :k] for w, k, n in zip(weights, layers[:-1], layers[1:])]
     if batch is not None or x.shape[1] != layers[0]:
@@ -191,7 +192,10 @@ def check_train_step(build, rng, batch=None, settings=None, layers=None):
         settings = dataclasses.replace(settings, keep_q8=spec.KEEP_ONE, ssprop_random=False)
     g = golden_for(build, layers, weights)     # (random_case's shifts are the defaults)
     correct = g.train_batch(x, y, settings)
-    phases, _, counts, _ = dataflow.train_step(build, layers, weights, shifts, x, y, settings)
+    phases, _, counts, _ = dataflow.train_step(build, layers, weights, shifts, x, y, settings,
+                                               capacity)
+    if capacity is not None:        # the events do not depend on the program's capacity
+        assert dataflow.train_step(build, layers, weights, shifts, x, y, settings)[2] == counts
     dut = SampleEngine(build, spram=False)
     out = {}
 
@@ -216,7 +220,7 @@ def check_train_step(build, rng, batch=None, settings=None, layers=None):
         (out["cycles"], own, layers, batch, settings)
     dense = dataflow.program_cycle_bound(phases, build, batch, spec.StepSettings(
         update_mask=settings.update_mask, zero_skip=settings.zero_skip, lr_shift=4))
-    if dense == own:
+    if dense == own and capacity is None:
         assert own <= DENSE_BOUND_OVER * out["cycles"], (out["cycles"], own)
     out["layers"] = layers
     return out
@@ -229,6 +233,58 @@ def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
     absolute and relative, ssProp by |dY| and LFSR): the golden model's weights and correct
     count, and every event the executor counts."""
     check_train_step(LANE_BUILDS[lanes], np.random.default_rng(200 + 10 * seed + lanes))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_program_runs_every_batch_up_to_the_one_it_was_compiled_for(seed):
+    """One program serves a short batch (an epoch's last, or an evaluation's remainder): a
+    train program compiled for a larger batch (more sample blocks, or the same blocks with
+    more lanes) runs a smaller one with the golden model's weights and correct count and the
+    events of a program compiled for that batch (the lanes past it are dead:
+    dataflow.block_lanes, sample_live), within the cycle bound at that batch."""
+    rng = np.random.default_rng(500 + seed)
+    build = LANE_BUILDS[[4, 2, 8, 4][seed]]
+    P = build.lanes
+    capacity = int(rng.integers(P + 1, build.max_batch + 1))
+    batch = int(rng.integers(1, capacity + 1)) if seed % 2 else capacity - 1
+    out = check_train_step(build, rng, batch=batch, capacity=capacity)
+    assert out["events"]["samples"] == batch, (out["layers"], batch, capacity)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_an_infer_program_runs_every_batch_up_to_the_one_it_was_compiled_for(seed):
+    """An infer program compiled for a larger batch predicts a smaller one as the golden
+    model does, with the events of a program compiled for it."""
+    rng = np.random.default_rng(600 + seed)
+    layers, batch, weights, shifts, x = random_case(rng, SMALL)
+    capacity = int(rng.integers(batch, SMALL.max_batch + 1))
+    while not fits(layers, SMALL, capacity):
+        layers = [max(2, v // 2) for v in layers]
+        weights = [w[:n, :k] for w, k, n in zip(weights, layers[:-1], layers[1:])]
+        x = x[:, :layers[0]]
+    g = golden.GoldenModel(SMALL)
+    g.configure(layers, shifts)
+    g.load_weights(weights)
+    expect = g.infer(x)
+    mem = dataflow.Memories(SMALL)
+    mem.load_network(layers, weights, batch)
+    mem.load_inputs(x)
+    counts, _ = dataflow.execute(dataflow.infer_program(layers, SMALL, batch, shifts), mem,
+                                 batch)
+    phases = dataflow.infer_program(layers, SMALL, capacity, shifts)
+    dut = SampleEngine(SMALL)
+    out = {}
+
+    async def bench(ctx):
+        out["preds"], out["events"], out["cycles"] = await load_and_run(
+            ctx, dut, dataflow.encode(phases, SMALL), layers, weights, batch, x, SMALL)
+        out["fault"] = ctx.get(dut.fault)
+
+    run_testbench(dut, bench)
+    assert not out["fault"]
+    assert out["preds"] == [int(v) for v in expect], (layers, batch, capacity)
+    assert out["events"] == {name: counts[name] for name in EVENTS}
+    assert out["cycles"] <= dataflow.program_cycle_bound(phases, SMALL, batch)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -130,7 +130,7 @@ def test_bounded_memories_refuse_what_numpy_wraps():
 
 
 #: Header fields and the values damage draws for them (besides neighbours of the old one).
-HEADER_LIMITS = {"tail": lambda b: b.lanes, "shift": lambda b: spec.FORWARD_SHIFT_MAX,
+HEADER_LIMITS = {"shift": lambda b: spec.FORWARD_SHIFT_MAX,
                  "layer": lambda b: b.max_layers - 1, "outputs": lambda b: b.max_width,
                  "inputs": lambda b: b.max_width}
 
@@ -300,7 +300,7 @@ def test_a_damaged_program_is_refused_or_runs_inside_the_memories(lanes):
         mem.load_inputs(x, y % classes)
         # the update mask register has a bit for every layer the build holds
         settings = random_step_settings(rng, build.max_layers)
-        dataflow.execute(phases, mem, settings=settings, batch=batch)
+        dataflow.execute(phases, mem, batch, settings=settings)
         assert core_walk_fault(bad, build) is None, what
     # both outcomes are common: the damage is neither always fatal nor always harmless
     assert verdicts["refused"] >= 40 and verdicts["accepted"] >= 20, verdicts
@@ -323,7 +323,7 @@ def first(phases, kind, layer=None):
 
 
 def changed(phases, index, **fields):
-    """A copy of `phases` with phase `index`'s header `fields` (tail, shift, ...), its
+    """A copy of `phases` with phase `index`'s header `fields` (shift, layer, ...), its
     generator bases (base_w=...), strides (stride_a=(level, stride)) or bounds
     (bound=(level, bound)) changed."""
     phases = list(phases)
@@ -361,7 +361,6 @@ def refusals():
     unknown = list(words)
     unknown[fwd * dataflow.PHASE_WORDS] = (unknown[fwd * dataflow.PHASE_WORDS] & ~0xF) | 12
     yield "kind", unknown, fwd, ["kind 12 is not one of"]
-    yield "tail", enc(changed(P, fwd, tail=5)), fwd, ["tail 5", "1..4"]
     yield "shift", enc(changed(P, fwd, shift=32)), fwd, ["shift 32", "31"]
     yield "layer", enc(changed(P, sel1, layer=3)), sel1, ["layer 3", "0..2"]
     yield "outputs", enc(changed(P, fwd, outputs=13)), fwd, ["outputs 13", "12"]
@@ -385,8 +384,11 @@ def refusals():
     yield "kept dY", enc(ph), wg1, [f"{reach(ph[wg1], 'g')} + 3 = 49", "48 gradient words"]
     ph = changed(P, ig, base_o=122)
     yield "dX drain", enc(ph), ig, [f"{reach(ph[ig], 'o')} + 3 = 161", "160 dX scratch"]
-    ph = changed(P, loss, base_a=46)
-    yield "loss unit", enc(ph), loss, ["46 + 3 = 49", "48 gradient words"]
+    # the logits' words in range, the loss unit's last word (a + N - 1) past them
+    top = TIGHT.grad_words - 1
+    ph = changed(P, loss, base_a=top - (reach(P[loss], "a") - P[loss].nest.bases["a"]))
+    n = P[loss].outputs
+    yield "loss unit", enc(ph), loss, [f"{top} + {n - 1} = {top + n - 1}", "48 gradient words"]
     yield "no end", words[:-dataflow.HEADER_WORDS], len(P), ["no end phase"]
     many = words[:dataflow.PHASE_WORDS] * (TIGHT.program_words // dataflow.PHASE_WORDS + 1)
     yield "too long", many + [0, 0], TIGHT.program_words // dataflow.PHASE_WORDS, \
@@ -437,7 +439,7 @@ def core_run(phases, settings=spec.StepSettings(), executor=True):
     mem = dataflow.Memories(TIGHT)
     mem.load_network(LAYERS, weights, 8)
     mem.load_inputs(x, y)
-    dataflow.execute(phases, mem, settings=settings, batch=8)
+    dataflow.execute(phases, mem, 8, settings=settings)
     return out["fault"], out["weights"], mem.read_weights(LAYERS, 8), weights
 
 

@@ -40,7 +40,7 @@ from .spec import StepSettings
 LEVELS = 5
 INNER = LEVELS - 1
 #: The sample block's level in the forward and input-gradient nests (block, output or input,
-#: input or kept channel): its last iteration holds the batch's remainder, the tail.
+#: input or kept channel).
 BLOCK_LEVEL = LEVELS - 3
 #: The weight-gradient nests (kept channel c, input group, pass, sample block, input in the
 #: group): the block's level, the pass level and the group size (spec.GRAD_HOLD). PSG walks a
@@ -60,9 +60,25 @@ KINDS = {"end": 0, "forward": 1, "logits": 2, "argmax": 3, "loss": 4, "select": 
 #: weights are updated (the SLU mask), "x" when the input gradient is needed (a layer below is).
 BACKWARD_KINDS = {"select": "wx", "input_grad": "x", "requant": "x", "weight_grad": "w",
                   "psg_max": "w"}
-#: Header fields, (word, offset, width): the kind, the live lanes of the last sample block,
-#: the forward shift, the layer, and the layer's inputs K and outputs N.
-HEADER_FIELDS = {"kind": (0, 0, 4), "tail": (0, 4, 8), "shift": (0, 12, 6),
+#: The level of each kind's nest that walks the sample blocks (each kind's nest, padded at the
+#: outer end to LEVELS: forward, logits and input_grad (s, j or k, k or c); select (j, s);
+#: weight_grad and psg_max (c, input group, pass, s, input); argmax and requant (s, lane,
+#: class or input); loss (s, lane)). A program is compiled for a batch, its *capacity*
+#: (its sample blocks' bounds S = ceil(capacity / P)); it runs any batch up to it: the core
+#: takes the batch from its register, and the lanes of samples at or past it are dead
+#: (`live_lanes`): they read, multiply and write nothing and count no event, so the events
+#: of a batch are the same whatever the capacity of the program that ran it. A dead sample
+#: block still costs its steps' cycles.
+SAMPLE_LEVEL = {"forward": BLOCK_LEVEL, "logits": BLOCK_LEVEL, "input_grad": BLOCK_LEVEL,
+                "select": INNER, "weight_grad": GRAD_BLOCK_LEVEL, "psg_max": GRAD_BLOCK_LEVEL,
+                "argmax": BLOCK_LEVEL, "requant": BLOCK_LEVEL, "loss": INNER - 1}
+#: The kinds whose steps each belong to one sample: the level inside SAMPLE_LEVEL that walks
+#: the lanes of a block. A step of a sample at or past the batch is dead: it costs a cycle
+#: and does nothing.
+LANE_LEVEL = {"argmax": BLOCK_LEVEL + 1, "requant": BLOCK_LEVEL + 1, "loss": INNER}
+#: Header fields, (word, offset, width): the kind, the forward shift, the layer, and the
+#: layer's inputs K and outputs N (bits 4..11 of word 0 are not used).
+HEADER_FIELDS = {"kind": (0, 0, 4), "shift": (0, 12, 6),
                  "layer": (0, 18, 4), "outputs": (1, 0, 16), "inputs": (1, 16, 16)}
 HEADER_WORDS = 2
 #: Program memory words per phase: the header, the bounds two to a word, and for each
@@ -82,15 +98,12 @@ class Phase:
              bound is the kept count and the pass level's PSG's passes, set at run time
              (KEPT_LEVEL, PASS_LEVEL).
     shift:   forward, logits: the layer's requantization shift.
-    tail:    the live lanes of the last sample block (the batch's remainder; P when the batch
-             fills it).
     layer:   the layer (backward kinds: which SLU mask bit decides whether it runs).
     inputs, outputs: the layer's K and N.
     """
     kind: str
     nest: Nest
     shift: int = 0
-    tail: int = 0
     layer: int = 0
     inputs: int = 0
     outputs: int = 0
@@ -155,38 +168,24 @@ def check_fits(layers, build, batch, train=True):
 
 
 def program_words_needed(layers, build, batch=None):
-    """The program memory words of the largest program the host compiles for `layers` at
-    `batch` (a train program with relative PSG's phases; batch None: the largest over the
-    batches, one whose last sample block is partial when there is such a batch)."""
-    P = build.lanes
-    batches = [batch] if batch is not None else [b for b in {build.max_batch, P + 1}
-                                                  if 1 <= b <= build.max_batch]
+    """The program memory words of the largest program the host compiles for `layers` (a
+    train program with relative PSG's phases). The same for every batch: a program's phases
+    do not depend on it (`batch` is accepted for the callers that name one)."""
     shifts = [0] * (len(layers) - 1)
-    phases = max(len(_train_phases(layers, build, b, shifts, psg_relative=True))
-                 for b in batches)
+    phases = len(_train_phases(layers, build, 1, shifts, psg_relative=True))
     return phases * PHASE_WORDS + HEADER_WORDS
 
 
 def _per_sample(kind, build, batch, loops, gens, **fields):
-    """Phases whose innermost levels walk the samples one by one (loss, argmax, requant):
-    one phase over the full sample blocks and one over the batch's remainder. `loops`
-    follow the sample block and lane levels; `gens` strides may use "s" and "p"."""
+    """The phase whose steps walk the samples one by one (loss, argmax, requant): the sample
+    blocks, the P lanes of each (LANE_LEVEL), then `loops`; `gens` strides may use "s" and
+    "p". The steps of lanes past the batch are dead (live_lanes)."""
     P, S = build.lanes, sample_blocks(build, batch)
-    tail = batch - (S - 1) * P
-    full = S if tail == P else S - 1
-    out = []
-    for first_s, blocks, lanes in ((0, full, P), (full, S - full, tail)):
-        if blocks == 0:
-            continue
-        shifted = {g: (base + first_s * st.get("s", 0), st) for g, (base, st) in gens.items()}
-        out.append(Phase(kind, nest([("s", blocks), ("p", lanes)] + loops, shifted),
-                         tail=lanes, **fields))
-    return out
+    return [Phase(kind, nest([("s", S), ("p", P)] + loops, gens), **fields)]
 
 
 def _forward_phases(layers, build, batch, shifts):
-    P, S = build.lanes, sample_blocks(build, batch)
-    tail = batch - (S - 1) * P
+    S = sample_blocks(build, batch)
     wbase, abase, (g_top, _) = layout(layers, build, batch)
     phases = []
     for l, (k, n) in enumerate(zip(layers[:-1], layers[1:])):
@@ -197,7 +196,7 @@ def _forward_phases(layers, build, batch, shifts):
                                   {"w": (wbase[l], {"j": k, "k": 1}),
                                    "a": (abase[l], {"s": k, "k": 1}),
                                    "o": (out, {"s": n, "j": 1})}),
-                            shift=shifts[l], tail=tail, layer=l, inputs=k, outputs=n))
+                            shift=shifts[l], layer=l, inputs=k, outputs=n))
     return phases
 
 
@@ -230,7 +229,6 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
 
 def _train_phases(layers, build, batch, shifts, psg_relative):
     P, S = build.lanes, sample_blocks(build, batch)
-    tail = batch - (S - 1) * P
     wbase, abase, halves = layout(layers, build, batch)
     L = len(layers) - 1
     phases = _forward_phases(layers, build, batch, shifts)
@@ -244,7 +242,7 @@ def _train_phases(layers, build, batch, shifts, psg_relative):
         fields = dict(layer=l, inputs=k, outputs=n)
         phases.append(Phase("select", nest([("j", n), ("s", S)],
                                             {"g": (g_cur, {"j": 1, "s": n})}),
-                            tail=tail, **fields))
+                            **fields))
         if l > 0:
             phases.append(Phase("input_grad",
                                 nest([("s", S), ("k", k), ("c", n)],
@@ -252,7 +250,7 @@ def _train_phases(layers, build, batch, shifts, psg_relative):
                                        "a": (abase[l], {"s": k, "k": 1}),
                                        "g": (g_cur, {"s": n}),
                                        "o": (0, {"s": k * P, "k": P})}),
-                                tail=tail, **fields))
+                                **fields))
             phases += _per_sample("requant", build, batch, [("k", k)],
                                   {"a": (0, {"s": k * P, "p": 1, "k": P}),
                                    "o": (g_below, {"s": k, "k": 1})}, **fields)
@@ -266,8 +264,8 @@ def _train_phases(layers, build, batch, shifts, psg_relative):
                       "g": (g_cur, {"s": n}),
                       "o": (0, {"kn": 1})}) for k0, kb, kn in parts]
         if psg_relative:
-            phases += [Phase("psg_max", g, tail=tail, **fields) for g in grad]
-        phases += [Phase("weight_grad", g, tail=tail, **fields) for g in grad]
+            phases += [Phase("psg_max", g, **fields) for g in grad]
+        phases += [Phase("weight_grad", g, **fields) for g in grad]
     return phases
 
 
@@ -406,7 +404,8 @@ def _update_stalls(bounds, build, passes):
 
 def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     """An upper bound on the busy cycles the v2 core (ember_hw.sample_engine) spends on the
-    phase `ph` of a command at batch `batch`: PHASE_OVERHEAD, its steps and what holds them,
+    phase `ph` of a command at batch `batch` (at most the program's capacity; a dead sample
+    block costs its steps as a live one): PHASE_OVERHEAD, its steps and what holds them,
     and its drain (_DRAIN). settings None: for every step setting and any data (the kept
     count at the layer's outputs, two PSG passes, the selector at its longest); a
     StepSettings: for that step (its kept count and passes). `runs` false: a backward phase
@@ -420,7 +419,8 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
                        P + WRITEBACK_GAP);
       input_grad:      the same with the dX drain's P cycles: max(n_inner, P + 1);
       loss:            a step per sample, each the softmax-gradient unit's 3N + 23 cycles
-                       (ember_hw.loss) and 4 of the runner's;
+                       (ember_hw.loss) and 4 of the runner's; a dead sample's (sample_live)
+                       one;
       select:          its steps, the selector (_selector_cycles), the kept list (N + 2),
                        and before them its header and bookkeeping (_book_cycles);
       weight_grad:     its steps; under PSG the second pass of each (channel, input group)
@@ -450,7 +450,9 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     elif kind == "input_grad":
         run = inner + (groups - 1) * max(inner, P + 1)
     elif kind == "loss":
-        run = steps * (3 * ph.outputs + 23 + 4)
+        walked = bounds[SAMPLE_LEVEL[kind]] * bounds[LANE_LEVEL[kind]]
+        live = min(batch, walked)
+        run = (steps // walked) * (live * (3 * ph.outputs + 23 + 4) + walked - live)
     elif kind == "weight_grad":
         run = steps + ((GRAD_SUM_LATENCY + 1) * bounds[0] * bounds[1] if passes == 2 else 0)
         run += _update_stalls(bounds, build, bounds[PASS_LEVEL])
@@ -478,16 +480,19 @@ def program_cycle_bound(phases, build, batch, settings=None):
     return total
 
 
-def command_cycle_bound(build, layers, batch, train=True, settings=None):
-    """spec.command_cycle_bound on a samples build: the program_cycle_bound of the program
-    the host compiles for the network and batch (a train program with psg_max phases unless
-    `settings` leave relative PSG off), whether or not it fits the build's memories."""
+def command_cycle_bound(build, layers, batch, train=True, settings=None, capacity=None):
+    """spec.command_cycle_bound on a samples build: the program_cycle_bound at `batch` of the
+    program the host compiles for the network and `capacity` (the batch by default; a train
+    program with psg_max phases unless `settings` leave relative PSG off), whether or not it
+    fits the build's memories."""
     shifts = [0] * (len(layers) - 1)
+    compiled = batch if capacity is None else capacity
     if not train:
-        return program_cycle_bound(_infer_phases(layers, build, batch, shifts), build, batch)
+        return program_cycle_bound(_infer_phases(layers, build, compiled, shifts), build,
+                                   batch)
     relative = settings is None or (settings.psg and settings.psg_relative)
-    return program_cycle_bound(_train_phases(layers, build, batch, shifts, relative), build,
-                               batch, settings)
+    return program_cycle_bound(_train_phases(layers, build, compiled, shifts, relative),
+                               build, batch, settings)
 
 
 def encode(phases, build):
@@ -634,9 +639,6 @@ def effective_nest(ph, select):
 
 
 def _header_fault(ph, build, select):
-    P = build.lanes
-    if not 1 <= ph.tail <= P:
-        return f"tail {ph.tail} is outside 1..{P} (the lanes)"
     if ph.shift > spec.FORWARD_SHIFT_MAX:
         return f"shift {ph.shift} is above {spec.FORWARD_SHIFT_MAX}, the largest forward shift"
     if ph.layer >= build.max_layers:
@@ -900,39 +902,48 @@ class _Run:
             c["skip_ssprop"] += batch * (n - keep) * k * (int(wgrad) + int(igrad))
 
 
-def train_step(build, layers, weights, shifts, x, y, settings):
-    """One training step as the v2 core runs it, from fresh memories: its program, the
-    memories after it, the events and the samples classified right."""
+def train_step(build, layers, weights, shifts, x, y, settings, capacity=None):
+    """One training step as the v2 core runs it, from fresh memories: its program (compiled
+    for `capacity`, by default the batch), the memories after it, the events and the samples
+    classified right."""
     mem = Memories(build)
     mem.load_network(layers, weights, len(x))
     mem.load_inputs(x, y)
-    phases = train_program(layers, build, len(x), shifts,
+    phases = train_program(layers, build, capacity or len(x), shifts,
                            psg_relative=settings.psg and settings.psg_relative)
-    counts, correct = execute(phases, mem, settings=settings)
+    counts, correct = execute(phases, mem, len(x), settings=settings)
     return phases, mem, counts, correct
 
 
-def _live(ph, last, P):
-    """The live lanes of a step: all, or the tail in the last sample block (level 1 for the
-    forward and input-gradient nests, level 3 for the weight-gradient nests)."""
-    return np.arange(P) < (ph.tail if last else P)
+def block_lanes(ph, indices, batch, P):
+    """The live lanes of a step of a sample-block kind (forward, logits, select, input_grad,
+    weight_grad, psg_max): lane p of the step's sample block s (its index at SAMPLE_LEVEL) is
+    live when s * P + p < batch. A bool array of P."""
+    return np.arange(P) < batch - indices[SAMPLE_LEVEL[ph.kind]] * P
 
 
-def execute(phases, mem, counts=None, zero_skip=True, settings=None, batch=None):
-    """Run `phases` on `mem` as the v2 engine does; add the events to `counts` (a dict of
-    spec.COUNTERS) and return (counts, correct: the samples the loss phase classified
-    right). `settings` (spec.StepSettings) are the step's registers; inference uses
-    zero_skip alone. `batch` is the core's batch register (the layers' bulk skips and the
-    samples count it); None takes the samples the loss phases walk, as the host compiles
-    them."""
+def sample_live(ph, indices, batch):
+    """Whether the step of a per-sample kind (LANE_LEVEL) is a live sample: the
+    (s * n + p)-th sample of its walk (s, p: its indices at SAMPLE_LEVEL and LANE_LEVEL, n
+    the lane level's bound; P for the host's programs) is below the batch. The core counts
+    the samples as it walks them (ember_hw.sample_engine), so a program whose lane level is
+    not P wide runs the same there."""
+    return (indices[SAMPLE_LEVEL[ph.kind]] * ph.bounds[LANE_LEVEL[ph.kind]]
+            + indices[LANE_LEVEL[ph.kind]]) < batch
+
+
+def execute(phases, mem, batch, counts=None, zero_skip=True, settings=None):
+    """Run `phases` on `mem` as the v2 engine does at batch `batch` (the core's batch
+    register: at most the capacity the phases were compiled for; the lanes past it are dead,
+    block_lanes and sample_live); add the events to `counts` (a dict of spec.COUNTERS) and
+    return (counts, correct: the samples the loss phase classified right). `settings`
+    (spec.StepSettings) are the step's registers; inference uses zero_skip alone."""
     c = counts if counts is not None else dict.fromkeys(spec.COUNTERS, 0)
     if settings is None:
         settings = StepSettings(zero_skip=zero_skip)
     n_layers = max((ph.layer for ph in phases), default=0) + 1
     run = _Run(mem, settings, n_layers, c)
-    if batch is None:
-        batch = sum(ph.bounds[-2] * ph.bounds[-1] for ph in phases if ph.kind == "loss")
-    run.batch = batch or None
+    run.batch = batch
     for ph in phases:
         if ph.kind in BACKWARD_KINDS:
             if ph.kind == "select":
@@ -954,7 +965,7 @@ def _forward(run, ph):
     acc = np.zeros(P, dtype=np.int64)
     zs = run.st.zero_skip
     for idx, addr, first, last in ph.walk():
-        live = _live(ph, last[BLOCK_LEVEL], P)
+        live = block_lanes(ph, idx, run.batch, P)
         lanes = int(live.sum())
         a = mem.acts[addr["a"]]
         on = live & ((a != 0) if zs else True)
@@ -980,6 +991,8 @@ def _argmax(run, ph):
     mem, c, P = run.mem, run.c, run.mem.P
     best = best_n = 0
     for idx, addr, first, last in ph.walk():
+        if not sample_live(ph, idx, run.batch):
+            continue
         logit = mem.grads[addr["a"], addr["o"] % P]
         c["grad_reads"] += 1
         if first[INNER] or logit > best:
@@ -993,6 +1006,8 @@ def _loss(run, ph):
     # one sample per step: its N logits (words a .. a + N - 1, lane o % P) to dY in place
     mem, c, P, n = run.mem, run.c, run.mem.P, ph.outputs
     for idx, addr, first, last in ph.walk():
+        if not sample_live(ph, idx, run.batch):
+            continue
         lane, rows = addr["o"] % P, slice(addr["a"], addr["a"] + n)
         z = mem.grads[rows, lane].copy()
         label = mem.labels[addr["o"]]
@@ -1015,7 +1030,7 @@ def _select(run, ph):
     else:
         scores = np.zeros(n, dtype=np.int64)
         for idx, addr, first, last in ph.walk():
-            live = _live(ph, last[INNER], P)
+            live = block_lanes(ph, idx, run.batch, P)
             scores[idx[INNER - 1]] += int(np.abs(mem.grads[addr["g"]][live]).sum())
             c["grad_reads"] += int(live.sum())
     run.kept = [int(j) for j in np.flatnonzero(select_channels(scores, keep))]
@@ -1041,7 +1056,7 @@ def _input_grad(run, ph):
     acc = np.zeros(P, dtype=np.int64)
     run.dx_max = 0
     for idx, addr, first, last, j in _kept_walk(run, ph):
-        live = _live(ph, last[BLOCK_LEVEL], P)
+        live = block_lanes(ph, idx, run.batch, P)
         relu = mem.acts[addr["a"]] > 0
         on = live & (relu if zs else True)
         if first[INNER]:
@@ -1056,7 +1071,7 @@ def _input_grad(run, ph):
             dx = np.where(relu, saturate(acc, spec.DX_BITS), 0)
             lanes = int(live.sum())
             mem.scratch[addr["o"]:addr["o"] + lanes] = dx[:lanes]
-            run.dx_max = max(run.dx_max, int(np.abs(dx[:lanes]).max()))
+            run.dx_max = max([run.dx_max] + [abs(int(v)) for v in dx[:lanes]])
             c["grad_writes"] += lanes
     run.dx_shift = max(0, bit_length(run.dx_max) - (spec.GRAD_BITS - 1))
 
@@ -1064,6 +1079,8 @@ def _input_grad(run, ph):
 def _requant(run, ph):
     mem, c, P = run.mem, run.c, run.mem.P
     for idx, addr, first, last in ph.walk():
+        if not sample_live(ph, idx, run.batch):
+            continue
         dx = mem.scratch[addr["a"]]
         mem.grads[addr["o"], addr["a"] % P] = saturate_grad(round_shift(dx, run.dx_shift))
         c["grad_reads"] += 1
@@ -1083,7 +1100,7 @@ def _groups(run, ph):
     P, zs = run.mem.P, run.st.zero_skip
     group = []
     for idx, addr, first, last, j in _kept_walk(run, ph):
-        live = _live(ph, last[GRAD_BLOCK_LEVEL], P)
+        live = block_lanes(ph, idx, run.batch, P)
         on = live & ((run.mem.acts[addr["a"]] != 0) if zs else True)
         group.append((addr, live, on, first[INNER]))
         if all(last[PASS_LEVEL:]):

@@ -320,7 +320,7 @@ class ProgramCheck(wiring.Component):
                     m.next = "HEADER_READ1"
             self._wait_for_read(m, "HEADER", "KIND", successor=[addr.eq(at + 1)])
             with m.State("KIND"):
-                # header word 0: kind, tail, shift, layer
+                # header word 0: kind, shift, layer
                 m.d.comb += self.busy.eq(1)
                 with m.If(~kind_known):
                     self._verdict(m, "kind")
@@ -333,9 +333,7 @@ class ProgramCheck(wiring.Component):
                     self._verdict(m, "end")
                     m.next = "IDLE"
                 with m.Else():
-                    tail = self._field("tail")
-                    header = ((tail < 1) | (tail > bld.lanes)
-                              | (self._field("shift") > spec.FORWARD_SHIFT_MAX)
+                    header = ((self._field("shift") > spec.FORWARD_SHIFT_MAX)
                               | (self._field("layer") >= bld.max_layers))
                     m.d.sync += [kind.eq(self._field("kind")), layer.eq(self._field("layer")),
                                  faults.eq(Mux(header, 1 << PHASE_CHECKS.index("header"), 0))]

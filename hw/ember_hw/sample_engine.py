@@ -290,13 +290,12 @@ class SampleEngine(wiring.Component):
     def _phase_registers(self, m, s):
         bld, P = self.build, s.P
         s.kind = Signal(4)
-        s.tail = Signal(range(P + 1))
         s.shift = Signal(range(spec.FORWARD_SHIFT_MAX + 1))
         s.layer = Signal(range(bld.max_layers))
         s.N = Signal(dataflow.HEADER_FIELDS["outputs"][2])
         s.K = Signal(dataflow.HEADER_FIELDS["inputs"][2])
-        s.header = {"kind": s.kind, "tail": s.tail, "shift": s.shift, "layer": s.layer,
-                    "outputs": s.N, "inputs": s.K}
+        s.header = {"kind": s.kind, "shift": s.shift, "layer": s.layer, "outputs": s.N,
+                    "inputs": s.K}
         s.bounds = [Signal(dataflow.BOUND_BITS, name=f"bound{i}") for i in range(LEVELS)]
         s.bases = {g: Signal(self.gen_bits[g], name=f"base_{g}") for g in s.gens}
         s.deltas = {g: [Signal(self.gen_bits[g] + 1, name=f"delta_{g}{i}")
@@ -339,11 +338,8 @@ class SampleEngine(wiring.Component):
         s.stall = Signal()
         s.issue = Signal()
         m.d.comb += [nest.advance.eq(~s.stall), s.issue.eq(nest.valid & ~s.stall)]
-        # the live lanes of a step: all, or the tail in the last sample block
-        thermo = Signal(P)
-        m.d.comb += thermo.eq(((Const(1, P + 1) << s.tail) - 1)[:P])
-        s.thermo = thermo
         s.all_lanes = Const((1 << P) - 1, P)
+        self._live_samples(m, s)
 
         # the index of the kept channel level (the kept list's address)
         s.c_idx = Signal(range(bld.max_width + 1))
@@ -354,6 +350,37 @@ class SampleEngine(wiring.Component):
         m.d.comb += s.k_rd.addr.eq(s.c_idx)
         s.kept_j = s.k_rd.data[:self.width_bits]
         s.kept_jk = s.k_rd.data[self.width_bits:]
+
+    def _live_samples(self, m, s):
+        """The lanes of the presented step that hold samples of the batch (the batch
+        register; a program runs any batch up to the one it was compiled for): golden twins
+        ember.dataflow.block_lanes and sample_live. `left`, the samples the walk has not yet
+        passed, is the batch at the phase's start and whenever its sample level wraps, and
+        drops by P as a sample block is passed (by 1 as a per-sample kind's sample is)."""
+        bld, P = self.build, s.P
+        s.left = Signal(range(bld.max_batch + 1))
+        advance, wrap = Const(0), Const(0)
+        levels = {}                         # (sample level, level of a step's sample) -> kinds
+        for kind, level in dataflow.SAMPLE_LEVEL.items():
+            levels.setdefault((level, dataflow.LANE_LEVEL.get(kind, level)), []).append(kind)
+        for (level, unit), kinds in levels.items():
+            on = Cat(*[s.is_[k] for k in kinds]).any()
+            passed = s.last[unit + 1:].all() if unit + 1 < LEVELS else Const(1)
+            advance = Mux(on, passed, advance)
+            wrap = Mux(on, s.last[level:unit + 1].all(), wrap)
+        s.per_sample = Cat(*[s.is_[k] for k in dataflow.LANE_LEVEL]).any()
+        size = Mux(s.per_sample, 1, P)
+        with m.If(s.phase_started):
+            m.d.sync += s.left.eq(self.batch)
+        with m.Elif(s.issue & advance):
+            m.d.sync += s.left.eq(Mux(wrap, self.batch, Mux(s.left > size, s.left - size, 0)))
+        # a sample-block step's live lanes (how many and which), a per-sample step's sample
+        s.live_count = Signal(range(P + 1))
+        m.d.comb += s.live_count.eq(Mux(s.left >= P, P, s.left))
+        s.live_lanes = Signal(P)
+        m.d.comb += s.live_lanes.eq(((Const(1, P + 1) << s.live_count) - 1)[:P])
+        s.sample_live = Signal()
+        m.d.comb += s.sample_live.eq(s.left != 0)
 
     def _limit(self, s, g):
         """Generator g's limit in the running phase, by its kind (ember.dataflow.limits, the
@@ -468,7 +495,7 @@ class SampleEngine(wiring.Component):
             m.d.comb += s.stall.eq(1)
         with m.If(s.issue & on & last_k):
             m.d.sync += s.reserve.eq(P + dataflow.WRITEBACK_GAP - 1)
-        live0 = Mux(s.last[BLOCK], s.thermo, s.all_lanes)
+        live0 = s.live_lanes
         s1 = _Stage(m, "f1", P, len(s.addr["w"]), len(s.addr["o"]))
         s2 = _Stage(m, "f2", P, 0, len(s.addr["o"]))
         s3 = _Stage(m, "f3", P, 0, len(s.addr["o"]))
@@ -478,7 +505,7 @@ class SampleEngine(wiring.Component):
         m.d.sync += [s1.valid.eq(s.issue & on), s1.first.eq(s.first[INNER]), s1.last.eq(last_k),
                      s1.w.eq(s.addr["w"]), s1.o.eq(s.addr["o"]), s1.live.eq(live0)]
         with m.If(s.issue & on):
-            m.d.sync += s.count("act_reads", Mux(s.last[BLOCK], s.tail, P))
+            m.d.sync += s.count("act_reads", s.live_count)
         # t+1: gate the zero lanes; t+1+G (G = GATE_STAGES registers later): read the weight
         # unless every lane is gated
         nonzero = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
@@ -527,9 +554,10 @@ class SampleEngine(wiring.Component):
         best = Signal(signed(spec.LOGIT_BITS))
         best_n = Signal(len(s.addr["w"]))
         s.in_flight.append(v1 | v2)
-        m.d.sync += [v1.eq(s.issue & on), f1.eq(s.first[INNER]), l1.eq(s.last[INNER]),
+        live = s.issue & on & s.sample_live
+        m.d.sync += [v1.eq(live), f1.eq(s.first[INNER]), l1.eq(s.last[INNER]),
                      n1.eq(s.addr["w"]), o1.eq(s.addr["o"])]
-        with m.If(s.issue & on):
+        with m.If(live):
             m.d.sync += s.count("grad_reads")
         with m.If(on):
             m.d.sync += s.pick_lane.eq(s.addr["o"][:LOGP])
@@ -564,7 +592,8 @@ class SampleEngine(wiring.Component):
                 m.d.sync += s.fault.eq(1)
         with m.FSM(name="loss_steps"):
             with m.State("WAIT"):
-                with m.If(on & s.nest.valid):
+                # a dead sample's step is taken at once
+                with m.If(on & s.nest.valid & s.sample_live):
                     m.d.comb += s.stall.eq(1)
                     m.next = "LABEL"
             with m.State("LABEL"):
@@ -599,7 +628,7 @@ class SampleEngine(wiring.Component):
         with m.If(scoring):
             m.d.comb += s.gmem.rd.addr.eq(s.addr["g"])
         m.d.sync += [v1.eq(s.issue & scoring), first1.eq(s.first[INNER]),
-                     last1.eq(s.last[INNER]), live1.eq(Mux(s.last[INNER], s.thermo, s.all_lanes))]
+                     last1.eq(s.last[INNER]), live1.eq(s.live_lanes)]
         mags = [Mux(live1[i], abs(s.gmem.rd.data.word_select(i, spec.GRAD_BITS).as_signed()), 0)
                 for i in range(P)]
         # the live lanes' sum in dataflow.SCORE_TREE_STAGES registered levels; the step's
@@ -696,7 +725,7 @@ class SampleEngine(wiring.Component):
         m.d.sync += [i1.valid.eq(s.issue & on), i1.first.eq(s.first[INNER]),
                      i1.last.eq(s.last[INNER]),
                      i1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]), i1.o.eq(s.addr["o"]),
-                     i1.live.eq(Mux(s.last[BLOCK], s.thermo, s.all_lanes))]
+                     i1.live.eq(s.live_lanes)]
         # t+1: the kept channel's j and j*K; the activation word's signs at the first c
         positive = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
         relu_now = Mux(i1.first, positive, relu)
@@ -772,7 +801,8 @@ class SampleEngine(wiring.Component):
                    Signal(range(P), name=f"rq{n}_lane")) for n in range(1, 5)]
         s.in_flight.append(Cat(*[v for v, _, _ in stages]) != 0)
         v1, o1, lane1 = stages[0]
-        m.d.sync += [v1.eq(s.issue & on), o1.eq(s.addr["o"]), lane1.eq(s.addr["a"][:LOGP])]
+        m.d.sync += [v1.eq(s.issue & on & s.sample_live), o1.eq(s.addr["o"]),
+                     lane1.eq(s.addr["a"][:LOGP])]
         for (va, oa, la), (vb, ob, lb) in zip(stages, stages[1:]):
             m.d.sync += [vb.eq(va), ob.eq(oa), lb.eq(la)]
         with m.If(v1):
@@ -811,7 +841,7 @@ class SampleEngine(wiring.Component):
         m.d.comb += s.pass1_at.eq(pass1)
         m.d.sync += [w1.valid.eq(s.issue & on), w1.first.eq(s.first[INNER]),
                      w1.last.eq(s.last[INNER]), w1.w.eq(s.addr["w"]), g1.eq(s.addr["g"]),
-                     w1.o.eq(s.addr["o"]), w1.live.eq(Mux(s.last[BL], s.thermo, s.all_lanes)),
+                     w1.o.eq(s.addr["o"]), w1.live.eq(s.live_lanes),
                      p1.eq(pass1), low1.eq(low_mode), fb1.eq(s.first[BL]), lb1.eq(s.last[BL])]
         # t+1: dY's word of the kept channel (the group's first input of a block); the gates
         g_final = g1 + s.kept_j
