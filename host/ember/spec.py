@@ -338,6 +338,7 @@ class Build:
             Setting("train_samples", 0, self.data_samples, feature="resident"),
             Setting("test_samples", 0, self.data_samples, feature="resident"),
             Setting("epoch_key", 0, (1 << 32) - 1, feature="resident"),
+            Setting("infer_program", 0, self.program_words - 1, feature="resident"),
         )
         return {s.name: s for s in table}
 
@@ -417,8 +418,8 @@ BUILDS = {
     # (4 cycles, ember_hw.uart.MIN_DIVISOR) would put the receiver's one sample per bit
     # anywhere from 50 to 75 % into the bit (docs/boards.md, "The link").
     # Engine v2 (dataflow "samples", not yet this build's) would hold its program in 512
-    # words (4 block RAMs): digits' 64-32-10 train program needs 379 (check_network refuses
-    # the largest networks at these sizes, 582).
+    # words (4 block RAMs): digits' 64-32-10 train program needs 321 (check_network refuses
+    # the largest networks at these sizes).
     "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS, act_bytes=2048,
                         grad_words=512, scratch_entries=512, max_batch=16, max_layers=3,
                         max_width=64, clock_hz=24_000_000, baud=3_000_000, weight_spram=True,
@@ -687,6 +688,8 @@ REGISTERS = {
     "train_samples": (0x22, "rw"),  # resident training samples (0: no data loaded)
     "test_samples": (0x23, "rw"),  # resident test samples, after the training split
     "epoch_key": (0x24, "rw"),     # the order key of the next EPOCH (schedule.epoch_order)
+    "infer_program": (0x25, "rw"),  # the program word INFER and EVALUATE start at (TRAIN and
+    #                                 EPOCH at 0): the train and infer programs side by side
     "rejected": (0x13, "ro"),      # 1 + the COMMAND_CHECKS index the last command failed; 0
     "stopped": (0x14, "ro"),       # what the last command left if it was stopped: STOP_FIELDS
     "test_correct": (0x15, "ro"),  # test samples the last EVALUATE classified correctly
