@@ -26,7 +26,8 @@ def memory_image(words, build):
 
 def run_checks(build, programs):
     """Each program's memory image checked by a ProgramCheck on `build` reading it through a
-    synchronous read port: [(ok, check, phase, cycles from the start cycle to done)]."""
+    synchronous read port: [(ok, check, phase, cycles from the start cycle to done)]. A
+    program is its words, or (words, base): the check starts at word `base`."""
     dut = ProgramCheck(build)
     m = Module()
     m.submodules.check = dut
@@ -37,8 +38,10 @@ def run_checks(build, programs):
 
     async def bench(ctx):
         for words in programs:
+            words, base = words if isinstance(words, tuple) else (words, 0)
             for i, word in enumerate(memory_image(words, build)):
                 ctx.set(memory.data[i], word)
+            ctx.set(dut.base, base)
             ctx.set(dut.start, 1)
             await ctx.tick()
             ctx.set(dut.start, 0)
@@ -59,8 +62,10 @@ def run_checks(build, programs):
 
 
 def golden(words, build):
-    """verify_verdict of the memory image: None or (phase, check name)."""
-    verdict = dataflow.verify_verdict(memory_image(words, build), build)
+    """verify_verdict of the memory image: None or (phase, check name); words as in
+    run_checks."""
+    words, base = words if isinstance(words, tuple) else (words, 0)
+    verdict = dataflow.verify_verdict(memory_image(words, build), build, base)
     return None if verdict is None else verdict[:2]
 
 
@@ -91,6 +96,28 @@ def test_compiled_programs_pass(lanes):
     assert len(cases) >= 8
     want, _ = assert_same_verdicts(build, cases)
     assert want == [None] * len(cases)
+
+
+def test_a_program_that_begins_past_word_0_is_checked_from_there():
+    """The train and infer programs side by side (INFER_PROGRAM: the infer program's first
+    word): each passes from its own first word; a base inside a phase, one whose program
+    would pass the memory's end, and the last word get verify's verdicts."""
+    build = LANE_BUILDS[4]
+    rng = np.random.default_rng(90)
+    layers, shifts = [12, 9, 5], [6, 7]
+    train = dataflow.encode(dataflow.train_program(layers, build, 7, shifts), build)
+    infer = dataflow.encode(dataflow.infer_program(layers, build, 16, shifts), build)
+    both = train + infer
+    end = build.program_words
+    at_end = (train + [0] * (end - len(train) - len(infer) + 5) + infer)[:end]
+    cases = [("train", (both, 0)), ("infer beside it", (both, len(train))),
+             ("inside a phase", (both, dataflow.PHASE_WORDS + 3)),
+             ("the infer program cut by the end", (at_end, end - len(infer) + 5)),
+             ("the last word", (both, end - 1)),
+             ("random", (both, int(rng.integers(0, end))))]
+    want, _ = assert_same_verdicts(build, cases)
+    assert want[:2] == [None, None]
+    assert want[3][1] == "end" and want[4][1] == "end", want
 
 
 def ordering_programs():

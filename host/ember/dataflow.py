@@ -755,7 +755,7 @@ VERIFY_CHECKS = ("end", "kind") + tuple(check.__name__[1:-len("_fault")]
                                         for check in _PHASE_CHECKS)
 
 
-def verify(words, build):
+def verify(words, build, base=0):
     """Check the program memory's `words` (as `encode` writes them) before a run: None if the
     core (ember_hw.sample_engine) can run it on `build` without a fault for any step settings
     and any data, else (phase index, reason), the reason naming the field, its value and its
@@ -770,20 +770,21 @@ def verify(words, build):
     registers' ranges, a kept phase with its select phase's layer and shape, a run-time level
     that steps no generator (unless outermost), a select phase over at most its N channels,
     the dX drain over all P lanes and the kept channels up to N - 1 at every step."""
-    verdict = verify_verdict(words, build)
+    verdict = verify_verdict(words, build, base)
     if verdict is None:
         return None
     index, _, reason = verdict
     return index, reason
 
 
-def verify_verdict(words, build):
+def verify_verdict(words, build, base=0):
     """`verify`'s verdict with the check that refused: None, or (phase index, the check's
-    name in VERIFY_CHECKS, reason). The golden twin of ember_hw.program_check.ProgramCheck,
-    which names the same phase and check (its `phase` and `check` ports). A word that is not
-    a 32-bit word is refused as check "word", which is not in VERIFY_CHECKS: the program
-    memory cannot hold one, so only the host sees it."""
-    at, index, select = 0, 0, None
+    name in VERIFY_CHECKS, reason), for the program that begins at word `base` (phases
+    counted from it). The golden twin of ember_hw.program_check.ProgramCheck, which names
+    the same phase and check (its `phase` and `check` ports). A word that is not a 32-bit
+    word is refused as check "word", which is not in VERIFY_CHECKS: the program memory
+    cannot hold one, so only the host sees it."""
+    at, index, select = base, 0, None
     end = min(len(words), build.program_words)
     while True:
         if at + HEADER_WORDS > end:

@@ -176,7 +176,7 @@ class EngineDevice(Device):
                                                if regs["features"] >> i & 1))
         self.layers = None
         self._batch = None
-        self._program = None                # engine v2: what the program memory holds
+        self._programs = {}                 # engine v2: command -> (key, end, first word)
         self._resident = None               # (train, test samples) loaded, or None
 
     def identify(self):
@@ -187,7 +187,7 @@ class EngineDevice(Device):
         if shifts is not None and (len(shifts) != len(layers) - 1 or
                                    any(not 0 <= s <= 31 for s in shifts)):
             raise ConfigError(f"forward shifts {shifts} must be {len(layers) - 1} values in 0..31")
-        self.layers, self.shifts, self._batch, self._program = layers, shifts, None, None
+        self.layers, self.shifts, self._batch, self._programs = layers, shifts, None, {}
         self._resident = None               # the device unloads splits of another shape
         self._write_descriptors(1)
         zeros = [np.zeros((n, k), dtype=np.int16) for k, n in zip(layers, layers[1:])]
@@ -206,14 +206,15 @@ class EngineDevice(Device):
         self._batch = batch
 
     def _write_program(self, command, batch, psg_relative=False):
-        """Engine v2: the program of `command` for this network and batch size in the
-        program memory, written only when it differs from what the memory holds (a new
-        network, batch size or command). Compiled and checked here first (ember.dataflow)."""
+        """Engine v2: the program of `command` for this network, compiled for `batch` (it
+        runs any batch up to that), in the program memory, written only when it differs from
+        what the memory holds there. Compiled and checked here first (ember.dataflow). A
+        build with the resident unit keeps the infer program at the end of the memory
+        (INFER_PROGRAM) beside the train program at word 0 when both fit, so training and
+        evaluation do not rewrite each other's."""
         if self.build.dataflow != "samples":
             return
         key = (command, batch, bool(psg_relative) and command == "train")
-        if key == self._program:
-            return
         from . import dataflow
         shifts = self.shifts or [spec.HIDDEN_SHIFT] * (len(self.layers) - 2) + [spec.OUTPUT_SHIFT]
         if command == "train":
@@ -221,10 +222,23 @@ class EngineDevice(Device):
         else:
             phases = dataflow.infer_program(self.layers, self.build, batch, shifts)
         words = dataflow.encode(phases, self.build)
-        self._program = None                # a write that fails leaves it unknown
-        for base, burst in regmap.program_writes(words):
-            self.link.write_words(base, burst)
-        self._program = key
+        base = 0
+        if command == "infer" and "resident" in self.build.features:
+            base = self.build.program_words - len(words)
+            train = self._programs.get("train")
+            if train is not None and train[1] > base:
+                base = 0                    # no room beside it: the train program goes
+        if self._programs.get(command) == (key, base + len(words), base):
+            return
+        if command == "infer" and "resident" in self.build.features:
+            self._write_runs([(regmap.reg("infer_program"), base)])
+        # a write that fails leaves the program memory's contents unknown
+        for name, (_, end, start) in list(self._programs.items()):
+            if name == command or (start < base + len(words) and base < end):
+                del self._programs[name]
+        for at, burst in regmap.program_writes(words):
+            self.link.write_words(at + base, burst)
+        self._programs[command] = (key, base + len(words), base)
 
     def _write_runs(self, writes):
         """(address, value) writes, sent as bursts of consecutive addresses."""
@@ -385,6 +399,18 @@ class EngineDevice(Device):
                           (regmap.reg("test_samples"), len(x_test))])
         self._resident = (len(x_train), len(x_test))
 
+    def prepare_epochs(self, batch_size, psg_relative=False):
+        """Write what train_epoch at `batch_size` and evaluate_resident will run (engine v2:
+        the train program for the batch size and the infer program for max_batch, side by
+        side), so that an epoch's link bytes are the same whichever epoch it is. They would
+        otherwise be written by the first epoch and evaluation. Nothing is written on a
+        build without the resident unit."""
+        self._need_config()
+        if "resident" not in self.build.features:
+            return
+        self._write_program("train", batch_size, psg_relative)
+        self._write_program("infer", self.build.max_batch)
+
     def _need_data(self, split):
         self._need_config()
         self._need_resident_unit()
@@ -415,6 +441,9 @@ class EngineDevice(Device):
         self._write_descriptors(schedule.batch_size)
         self._write_runs(regmap.settings_writes(schedule.settings, n_layers)
                          + [(regmap.reg("epoch_key"), schedule.key)])
+        # one program for the epoch's batches and its short last one (engine v2)
+        self._write_program("train", schedule.batch_size,
+                            schedule.settings.psg and schedule.settings.psg_relative)
         for base, words in regmap.schedule_writes(schedule.words()):
             self.link.write_words(base, words)
         self._run(spec.CONTROL_EPOCH)
@@ -424,6 +453,8 @@ class EngineDevice(Device):
         """Infer the resident test split on the device, in batches of max_batch (as
         infer_all), in one command; returns how many samples it classified correctly."""
         self._need_data("test")
+        # the evaluation's batches are max_batch and its remainder: one program for both
+        self._write_program("infer", self.build.max_batch)
         self._run(spec.CONTROL_EVALUATE)
         return self.link.read_words(regmap.reg("test_correct"), 1)[0]
 

@@ -392,6 +392,9 @@ class Trainer:
             return
         ds = self.ds
         self.device.load_data(ds.x_train, ds.y_train, *((ds.x_test, ds.y_test) if test else ()))
+        # the programs the epochs and evaluations run, with the upload (PSG's settings are
+        # the run's, the same every epoch)
+        self.device.prepare_epochs(self.cfg.batch_size, self.cfg.psg and self.cfg.psg_relative)
         c = self.device.take_counters()
         self.upload_link_bytes = c["link_rx_bytes"] + c["link_tx_bytes"]
 

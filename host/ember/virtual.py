@@ -275,12 +275,13 @@ class VirtualEngine:
         if resident and self.resident and not value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER):
             return self._resident_command(value)
         command = value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER)
+        train = bool(value & spec.CONTROL_TRAIN)
         if command:
             # checked before anything happens: a refused command changes nothing (its
             # counter clear included), as in the engine's register bank
-            self._verdict(spec.check_command(self.build, self.regs, self.layer,
-                                             bool(value & spec.CONTROL_TRAIN),
-                                             self.labels_written), value)
+            self._verdict(spec.check_command(self.build, self.regs, self.layer, train,
+                                             self.labels_written)
+                          or self._program_fault(train, self.regs["batch"]), value)
         elif value & spec.CONTROL_CLEAR_COUNTERS:
             self._verdict(None, value)
         if command and self.v2:
@@ -311,24 +312,35 @@ class VirtualEngine:
             else:
                 self.predictions[:batch] = self.model.infer(x)
 
-    def _run_program(self, train):
-        """Engine v2: run the program memory's phases. The model runs the program the host
-        compiles for the network in the descriptors and the batch (ember.dataflow), with the
-        golden model; any other program is refused (bad_value) before anything changes."""
+    def _program_fault(self, train, batch):
+        """Engine v2: "program" unless the program memory holds, at the command's first word
+        (0 for TRAIN and EPOCH, INFER_PROGRAM for INFER and EVALUATE), the program the host
+        compiles for the network in the descriptors (ember.dataflow) with a capacity of
+        `batch` or more; None on v1. The model runs no other program (the engine runs any
+        that its program check passes)."""
+        if not self.v2:
+            return None
         layers, desc = self._network()
-        batch = self.regs["batch"]
+        entry = 0 if train else self.regs.get("infer_program", 0)
         shifts = [d["shift"] for d in desc]
         settings = self._settings()
         try:
-            phases = dataflow.decode([int(w) for w in self.program])
-            expect = (dataflow.train_program(layers, self.build, batch, shifts,
+            phases = dataflow.decode([int(w) for w in self.program[entry:]])
+            level = dataflow.SAMPLE_LEVEL[phases[0].kind]
+            capacity = min(phases[0].bounds[level] * self.build.lanes, self.build.max_batch)
+            expect = (dataflow.train_program(layers, self.build, capacity, shifts,
                                              settings.psg and settings.psg_relative)
-                      if train else dataflow.infer_program(layers, self.build, batch, shifts))
-        except ConfigError:
-            phases, expect = None, ()
-        if phases != expect:
-            self.rejected = 1 + list(spec.COMMAND_CHECKS).index("program")
-            raise BusError("bad_value")
+                      if train else dataflow.infer_program(layers, self.build, capacity, shifts))
+        except (ConfigError, IndexError, KeyError):
+            return "program"
+        return None if phases == expect and capacity >= batch else "program"
+
+    def _run_program(self, train):
+        """Engine v2: run the command (its program checked by _program_fault) with the
+        golden model."""
+        layers, _ = self._network()
+        batch = self.regs["batch"]
+        settings = self._settings()
         wbase = self._load_model()
         P, K = self.build.lanes, layers[0]
         S = self.build.sample_blocks(batch)
@@ -368,8 +380,14 @@ class VirtualEngine:
         batches with the golden model as train commands of those batches would run them,
         then the test split in batches of max_batch as infer commands would."""
         epoch, evaluate = bool(value & spec.CONTROL_EPOCH), bool(value & spec.CONTROL_EVALUATE)
-        self._verdict(spec.check_resident(self.build, self.regs, self.layer, epoch, evaluate),
-                      value)
+        failed = spec.check_resident(self.build, self.regs, self.layer, epoch, evaluate)
+        # the programs it runs: the train program for the batch, the infer program for
+        # max_batch (the evaluation's batches)
+        if failed is None and epoch:
+            failed = self._program_fault(True, self.regs["batch"])
+        if failed is None and evaluate:
+            failed = self._program_fault(False, self.build.max_batch)
+        self._verdict(failed, value)
         layers, _ = self._network()
         wbase = self._load_model()
         K, n_train = layers[0], self.regs["train_samples"]

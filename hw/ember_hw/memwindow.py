@@ -74,6 +74,11 @@ from ember import spec
 from .bus import answer_error, answer_ok
 
 
+def data_words(build):
+    """The resident data memory's 32-bit words (four input bytes each)."""
+    return -(-build.data_bytes // 4)
+
+
 class MemoryWindow(wiring.Component):
     """The bus slave of the engine's memory regions (module docstring)."""
 
@@ -278,6 +283,13 @@ class SampleWindow(MemoryWindow):
       below ``tail`` (batch % P); and its word inside the core's activation memory.
     - program: the program memory's words (``Build.program_words``), written in c, read
       in c + 1.
+    - schedule, data, data_labels (a build with the ``resident`` unit; docs/protocol.md
+      section 11): write only (a read: ``bad_value``), ``out_of_range`` past
+      ``Build.data_samples`` schedule words, ``ceil(Build.data_bytes / 4)`` data words and
+      ``ceil(Build.data_samples / 2)`` label words. A schedule or data word is written in c;
+      a label word's two labels are checked against ``classes`` (either at or above it:
+      ``bad_value``, neither written) and written in c and c + 1 (a second label past
+      data_samples is dropped).
 
     Ports: MemoryWindow's, with these in place of its weight and activation limit ports:
       w_wr_addr, w_wr_data, w_wr_en: Out -- a weight write (one weight);
@@ -286,6 +298,8 @@ class SampleWindow(MemoryWindow):
                 limit_ready;
       prog_wr_addr, prog_wr_data, prog_wr_en: Out -- a program word write;
       prog_rd_addr: Out; prog_rd_data: In -- a program word, the cycle after its address.
+      (resident builds) sched_wr_*, data_wr_*, dlabel_wr_*: Out -- a schedule word, a data
+                word (four input bytes) or a data label write.
     """
 
     def __init__(self, build):
@@ -313,12 +327,64 @@ class SampleWindow(MemoryWindow):
             "prog_rd_addr": Out(ceil_log2(self.program_words)),
             "prog_rd_data": In(spec.BUS_DATA_BITS),
         })
+        if "resident" in build.features:
+            samples = ceil_log2(build.data_samples)
+            members.update({
+                "sched_wr_addr": Out(samples), "sched_wr_data": Out(spec.BUS_DATA_BITS),
+                "sched_wr_en": Out(1),
+                "data_wr_addr": Out(ceil_log2(data_words(build))),
+                "data_wr_data": Out(spec.BUS_DATA_BITS), "data_wr_en": Out(1),
+                "dlabel_wr_addr": Out(samples), "dlabel_wr_data": Out(spec.LABEL_BITS),
+                "dlabel_wr_en": Out(1),
+            })
         return members
 
     def _regions(self, m, r):
         super()._regions(m, r)
         with m.Case(r.regions["program"]):
             self._program(m, r)
+        if "resident" in self.build.features:
+            with m.Case(r.regions["schedule"]):
+                self._resident_words(m, r, self.build.data_samples, "sched")
+            with m.Case(r.regions["data"]):
+                self._resident_words(m, r, data_words(self.build), "data")
+            with m.Case(r.regions["data_labels"]):
+                self._data_labels(m, r)
+
+    def _resident_words(self, m, r, words, memory):
+        """A schedule or data word: write only, one write."""
+        with m.If(r.offset >= words):
+            m.d.comb += r.err("out_of_range")
+        with m.Elif(self.busy):
+            m.d.comb += r.err("busy")
+        with m.Elif(r.wr):
+            m.d.comb += [getattr(self, f"{memory}_wr_addr").eq(r.offset),
+                         getattr(self, f"{memory}_wr_data").eq(self.w_data),
+                         getattr(self, f"{memory}_wr_en").eq(1), r.ack()]
+        with m.Else():
+            m.d.comb += r.err("bad_value")
+
+    def _data_labels(self, m, r):
+        """Two labels a word, both checked against the class count before either is
+        written (as the labels region)."""
+        samples, step = self.build.data_samples, r.byte_step
+        index = Cat(step[0], r.offset)
+        with m.If(r.offset >= (samples + 1) // 2):
+            m.d.comb += r.err("out_of_range")
+        with m.Elif(self.busy):
+            m.d.comb += r.err("busy")
+        with m.Elif(~r.wr):
+            m.d.comb += r.err("bad_value")
+        with m.Elif(~step[0] & ((self.w_data[:spec.LABEL_BITS] >= self.classes) |
+                                (self.w_data[spec.LABEL_BITS:] >= self.classes))):
+            m.d.comb += r.err("bad_value")
+        with m.Else():
+            m.d.comb += [self.dlabel_wr_addr.eq(index), self.dlabel_wr_en.eq(index < samples),
+                         self.dlabel_wr_data.eq(
+                             self.w_data.word_select(step[0], spec.LABEL_BITS))]
+            m.d.sync += step.eq(Mux(step[0], 0, 1))
+            with m.If(step[0]):
+                m.d.comb += r.ack()
 
     def _weights(self, m, r):
         low = Cat(Const(0, 1), r.offset)        # the low weight's index

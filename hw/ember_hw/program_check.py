@@ -89,7 +89,9 @@ class ProgramCheck(wiring.Component):
 
     Ports (sync domain):
 
-      start:   In(1) -- check the program memory from word 0 (ignored while busy).
+      start:   In(1) -- check the program that begins at word `base` (ignored while busy).
+      base:    In(range(build.program_words)) -- its first word, sampled with start (0 for
+               TRAIN and EPOCH, INFER_PROGRAM for INFER and EVALUATE).
       rd_addr: Out(ceil_log2(build.program_words)) -- the program word to read;
       rd_data: In(32) -- the word at the rd_addr of the cycle before (a synchronous read
                port); registered READ_STAGES times inside.
@@ -111,6 +113,7 @@ class ProgramCheck(wiring.Component):
         self.limit_bits = largest.bit_length()
         super().__init__({
             "start": In(1),
+            "base": In(range(build.program_words)),
             "rd_addr": Out(ceil_log2(build.program_words)),
             "rd_data": In(spec.BUS_DATA_BITS),
             "busy": Out(1),
@@ -307,12 +310,11 @@ class ProgramCheck(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [at.eq(0), index.eq(0), select_valid.eq(0)]
+                    m.d.sync += [at.eq(self.base), index.eq(0), select_valid.eq(0)]
                     m.next = "HEADER"
             with m.State("HEADER"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(index > (bld.program_words - dataflow.HEADER_WORDS)
-                          // dataflow.PHASE_WORDS):
+                with m.If(at > bld.program_words - dataflow.HEADER_WORDS):
                     self._verdict(m, "end")
                     m.next = "IDLE"
                 with m.Else():
@@ -328,8 +330,7 @@ class ProgramCheck(wiring.Component):
                 with m.Elif(self._field("kind") == KINDS["end"]):
                     self._verdict(m, None)
                     m.next = "IDLE"
-                with m.Elif(index > (bld.program_words - dataflow.PHASE_WORDS)
-                            // dataflow.PHASE_WORDS):
+                with m.Elif(at > bld.program_words - dataflow.PHASE_WORDS):
                     self._verdict(m, "end")
                     m.next = "IDLE"
                 with m.Else():

@@ -11,7 +11,9 @@ The core is not on a build yet: v1's ``EngineCore`` is. It has no bus: the test 
 when v2 replaces v1, the memory window and register bank) drives the ports below.
 
 `SampleEngine(build)`. Ports (sync domain):
-  start:        In(1) -- run the program from word 0 (ignored while busy).
+  start:        In(1) -- run the program from word `program_base` (ignored while busy).
+  program_base: In -- the program's first word, sampled with start (the shell gives 0 for a
+                train run, INFER_PROGRAM for an inference).
   busy:         Out(1) -- from the cycle after start until the program's "end" phase.
   fault:        Out(1) -- the last run stopped at a phase the engine refused: an unknown kind,
                 a bound of 0 or an address outside its memory (ember_hw.loopnest, and the
@@ -173,6 +175,7 @@ class SampleEngine(wiring.Component):
         table = build.settings()
         super().__init__({
             "start": In(1),
+            "program_base": In(range(build.program_words)),
             "busy": Out(1),
             "fault": Out(1),
             "batch": In(range(build.max_batch + 1)),
@@ -1040,8 +1043,9 @@ class SampleEngine(wiring.Component):
         with m.FSM(name="runner"):
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [s.busy.eq(1), s.fault.eq(0), s.pc.eq(0), ld.eq(0),
-                                 s.correct.eq(0), s.correction.eq(0), s.pending.eq(0)]
+                    m.d.sync += [s.busy.eq(1), s.fault.eq(0), s.pc.eq(self.program_base),
+                                 ld.eq(0), s.correct.eq(0), s.correction.eq(0),
+                                 s.pending.eq(0)]
                     if hasattr(s, "lfsr"):
                         m.d.comb += [s.lfsr.load.eq(1), s.lfsr.seed.eq(self.lfsr_seed)]
                     m.next = "LOAD"
