@@ -191,6 +191,8 @@ class CoreStandIn:
                 assert not ctx.get(seq.core_start), "core_start while the core runs"
             elif ctx.get(seq.core_start):
                 assert runs, "a core run more than the command's"
+                assert not (ctx.get(seq.act_wr_en) or ctx.get(seq.label_wr_en)), \
+                    "a write in the core_start cycle (the core starts the cycle after the last)"
                 run = runs.pop(0)
                 held = self.settings()
                 expect = (int(run.infer), len(run.samples), run.update_mask, run.lfsr_seed)
