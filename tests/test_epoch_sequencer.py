@@ -1,0 +1,365 @@
+"""The resident data unit's sequencer (hw/ember_hw/epoch.py) against its golden twin's
+semantics (ember.virtual.VirtualEngine._resident_command: ember.schedule.EpochSchedule's
+batches, a kept batch's seed 0 run as 1; the test split in batches of max_batch), in the
+Amaranth simulator. Real memories hold the data, the data labels and the schedule; the
+testbench plays the core: it checks every run's settings and the activation bytes and labels
+gathered for it, and answers with random run lengths, correct counts and predictions."""
+
+import gc
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from amaranth.hdl import Elaboratable, Module, Signal, UnusedElaboratable
+from amaranth.lib.memory import Memory
+
+from ember import spec
+from ember.schedule import EpochSchedule
+from ember_hw.epoch import DATA_WORD_BYTES, EpochSequencer
+from ember_hw.sample_engine import SampleEngine
+
+from engine_harness import run_testbench
+
+#: Cycles a command may take in these tests before the testbench calls it hung.
+COMMAND_TIMEOUT = 100_000
+
+
+@dataclass
+class Case:
+    """One resident data set on one build, and the epoch's schedule words."""
+    build: spec.Build
+    inputs: int                 # K
+    batch: int                  # B
+    layers: int
+    train_samples: int
+    test_samples: int
+    key: int
+    data: np.ndarray            # data_bytes bytes: sample i's input k at i * K + k
+    labels: np.ndarray          # data_samples labels
+    words: list                 # data_samples schedule words (past the epoch's: garbage)
+
+    def epoch_batches(self):
+        return -(-self.train_samples // self.batch)
+
+
+@dataclass
+class Run:
+    """A core run the sequencer should start: its settings and the samples it gathers."""
+    infer: bool
+    samples: np.ndarray
+    update_mask: int
+    lfsr_seed: int
+
+
+def draw_case(rng, lanes, inputs, max_batch, batch, train_samples, test_samples,
+              drop_chance=0.25, seed_zero_chance=0.2):
+    """A random data set and schedule; layers below max_layers, so some schedule words carry
+    mask bits the sequencer must ignore."""
+    data_samples = train_samples + test_samples + int(rng.integers(0, 4))
+    data_bytes = data_samples * inputs + int(rng.integers(0, DATA_WORD_BYTES))
+    build = spec.Build(name="epoch-test", dataflow="samples", lanes=lanes, max_batch=max_batch,
+                       data_bytes=data_bytes, data_samples=data_samples,
+                       features=spec.FEATURES)
+    words = []
+    for _ in range(data_samples):
+        word = int(rng.integers(0, 1 << spec.SCHEDULE_DROP_BIT))   # mask bits up to bit 30
+        if rng.random() < seed_zero_chance:
+            word &= ~((1 << spec.SCHEDULE_SEED_BITS) - 1)
+        if rng.random() < drop_chance:
+            word |= 1 << spec.SCHEDULE_DROP_BIT
+        words.append(word)
+    return Case(build, inputs, batch, int(rng.integers(1, build.max_layers)), train_samples,
+                test_samples, int(rng.integers(0, 1 << spec.ORDER_KEY_BITS)),
+                rng.integers(0, 1 << spec.ACT_BITS, data_bytes),
+                rng.integers(0, 1 << spec.LABEL_BITS, data_samples), words)
+
+
+def expected_runs(case, epoch, evaluate):
+    """The core runs of a command, as _resident_command makes them."""
+    runs = []
+    if epoch:
+        sched = EpochSchedule.from_words(case.words[:case.epoch_batches()], case.key,
+                                         case.train_samples, case.batch, spec.StepSettings(),
+                                         case.layers)
+        for samples, dropped, settings in sched.batches():
+            if not dropped:
+                mask = sum(1 << l for l, on in enumerate(settings.update_mask) if on)
+                runs.append(Run(False, samples, mask, settings.lfsr_seed or 1))
+    if evaluate:
+        end = case.train_samples + case.test_samples
+        for first in range(case.train_samples, end, case.build.max_batch):
+            runs.append(Run(True, np.arange(first, min(first + case.build.max_batch, end)), 0, 1))
+    return runs
+
+
+def gathered(case, run):
+    """The activation bytes (address -> byte) and labels (address -> label) the core should
+    hold for `run`: the batch's i-th sample in lane i % P of block i // P."""
+    P, K = case.build.lanes, case.inputs
+    log_p = P.bit_length() - 1
+    acts = {(((i // P) * K + k) << log_p) | (i % P): int(case.data[sample * K + k])
+            for i, sample in enumerate(run.samples) for k in range(K)}
+    labels = {} if run.infer else {i: int(case.labels[s]) for i, s in enumerate(run.samples)}
+    return acts, labels
+
+
+class SequencerHarness(Elaboratable):
+    """The sequencer with real memories (amaranth.lib.memory) for the data words, the data
+    labels and the schedule words, each read one cycle after its address."""
+
+    def __init__(self, case):
+        self.case = case
+        self.seq = EpochSequencer(case.build)
+        # the schedule's write port, as the shell's bus has it between commands
+        self.sched_wr_addr = Signal(range(case.build.data_samples))
+        self.sched_wr_data = Signal(spec.BUS_DATA_BITS)
+        self.sched_wr_en = Signal()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.seq = seq = self.seq
+        case = self.case
+        data = np.zeros(self.seq.data_words * DATA_WORD_BYTES, dtype=np.int64)
+        data[:len(case.data)] = case.data
+        data_words = [sum(int(b) << (spec.ACT_BITS * q) for q, b in enumerate(word))
+                      for word in data.reshape(-1, DATA_WORD_BYTES)]
+        memories = (("data", spec.BUS_DATA_BITS, data_words, seq.data_rd_addr, seq.data_rd_data),
+                    ("data_labels", spec.LABEL_BITS, [int(v) for v in case.labels],
+                     seq.dlabel_rd_addr, seq.dlabel_rd_data),
+                    ("schedule", spec.BUS_DATA_BITS, case.words, seq.sched_rd_addr,
+                     seq.sched_rd_data))
+        for name, width, init, addr, read_data in memories:
+            m.submodules[name] = memory = Memory(shape=width, depth=len(init), init=init)
+            port = memory.read_port()
+            m.d.comb += [port.addr.eq(addr), read_data.eq(port.data)]
+        write = m.submodules.schedule.write_port()
+        m.d.comb += [write.addr.eq(self.sched_wr_addr), write.data.eq(self.sched_wr_data),
+                     write.en.eq(self.sched_wr_en)]
+        return m
+
+
+class CoreStandIn:
+    """The testbench's side of one simulation: the registers, the core and the expected
+    counts, command after command."""
+
+    def __init__(self, ctx, harness, rng):
+        self.ctx, self.harness, self.rng = ctx, harness, rng
+        self.seq, self.case = harness.seq, harness.case
+        self.correct = 0            # what `correct` and `test_correct` should read
+        self.test_correct = 0
+        #: per run: (samples, first and last act write cycle), for the timing checks
+        self.write_spans = []
+        case, seq = self.case, self.seq
+        for port, value in ((seq.batch, case.batch), (seq.layers, case.layers),
+                            (seq.inputs, case.inputs), (seq.train_samples, case.train_samples),
+                            (seq.test_samples, case.test_samples), (seq.epoch_key, case.key)):
+            ctx.set(port, value)
+
+    def settings(self):
+        seq = self.seq
+        return tuple(self.ctx.get(p) for p in (seq.core_infer, seq.core_batch,
+                                               seq.core_update_mask, seq.core_lfsr_seed))
+
+    async def command(self, epoch, evaluate, stray_starts=0.0):
+        """Start EPOCH and/or EVALUATE and play the core until busy falls; `stray_starts`:
+        the chance per busy cycle of a start strobe, which must be ignored."""
+        ctx, seq, rng, case = self.ctx, self.seq, self.rng, self.case
+        runs = expected_runs(case, epoch, evaluate)
+        ctx.set(seq.start_epoch, epoch)
+        ctx.set(seq.start_evaluate, evaluate)
+        await ctx.tick()
+        ctx.set(seq.start_epoch, 0)
+        ctx.set(seq.start_evaluate, 0)
+        self.correct = 0 if epoch else self.correct
+        self.test_correct = 0 if evaluate else self.test_correct
+        acts, labels, writes = {}, {}, []
+        running, busy_left, held, run = False, 0, None, None
+        predictions = rng.integers(0, 1 << spec.LABEL_BITS, 1 << len(seq.pred_rd_addr))
+        for cycle in range(COMMAND_TIMEOUT):
+            if not ctx.get(seq.busy):
+                break
+            assert not running or not ctx.get(seq.act_wr_en), "act write while the core runs"
+            assert not running or not ctx.get(seq.label_wr_en), "label write while the core runs"
+            if ctx.get(seq.act_wr_en):
+                acts[ctx.get(seq.act_wr_addr)] = ctx.get(seq.act_wr_data)
+                writes.append(cycle)
+            if ctx.get(seq.label_wr_en):
+                labels[ctx.get(seq.label_wr_addr)] = ctx.get(seq.label_wr_data)
+            if running:
+                assert self.settings() == held, f"run settings changed while busy: {held}"
+                assert not ctx.get(seq.core_start), "core_start while the core runs"
+            elif ctx.get(seq.core_start):
+                assert runs, "a core run more than the command's"
+                assert not (ctx.get(seq.act_wr_en) or ctx.get(seq.label_wr_en)), \
+                    "a write in the core_start cycle (the core starts the cycle after the last)"
+                run = runs.pop(0)
+                held = self.settings()
+                expect = (int(run.infer), len(run.samples), run.update_mask, run.lfsr_seed)
+                assert held == expect, f"run (infer, batch, mask, seed) {held} != {expect}"
+                assert (acts, labels) == gathered(case, run), "gathered bytes or labels"
+                assert len(writes) == len(run.samples) * case.inputs, "act writes per byte"
+                self.write_spans.append((run, writes[0], writes[-1]))
+                acts, labels, writes = {}, {}, []
+                running, busy_left = True, int(rng.integers(1, 6))
+            pred_addr = ctx.get(seq.pred_rd_addr)
+            if rng.random() < stray_starts:
+                ctx.set(seq.start_epoch, 1)
+                ctx.set(seq.start_evaluate, rng.random() < 0.5)
+            await ctx.tick()
+            ctx.set(seq.start_epoch, 0)
+            ctx.set(seq.start_evaluate, 0)
+            ctx.set(seq.pred_rd_data, int(predictions[pred_addr]))
+            if running and busy_left:
+                # busy rises the cycle after core_start; what it reads meanwhile is garbage
+                busy_left -= 1
+                ctx.set(seq.core_busy, 1)
+                ctx.set(seq.core_correct, int(rng.integers(0, case.build.max_batch + 1)))
+            elif running:
+                running = False
+                ctx.set(seq.core_busy, 0)
+                size = len(run.samples)
+                if run.infer:
+                    truth = case.labels[run.samples]
+                    # about half the predictions right; the rest random, past the batch too
+                    predictions = rng.integers(0, 1 << spec.LABEL_BITS, len(predictions))
+                    right = rng.random(size) < 0.5
+                    predictions[:size][right] = truth[right]
+                    self.test_correct += int((predictions[:size] == truth).sum())
+                else:
+                    correct = int(rng.integers(0, size + 1))
+                    ctx.set(seq.core_correct, correct)
+                    self.correct += correct
+        else:
+            raise AssertionError(f"command (epoch={epoch}, evaluate={evaluate}) still busy "
+                                 f"after {COMMAND_TIMEOUT} cycles")
+        assert not running and not runs, f"{len(runs)} runs missing when busy fell"
+        assert not acts and not labels, "writes after the last run"
+        assert ctx.get(seq.correct) == self.correct, "correct"
+        assert ctx.get(seq.test_correct) == self.test_correct, "test_correct"
+
+    async def write_schedule(self, words):
+        """Write the schedule memory between commands (as the host does over the bus)."""
+        harness = self.harness
+        for addr, word in enumerate(words):
+            self.ctx.set(harness.sched_wr_addr, addr)
+            self.ctx.set(harness.sched_wr_data, word)
+            self.ctx.set(harness.sched_wr_en, 1)
+            await self.ctx.tick()
+        self.ctx.set(harness.sched_wr_en, 0)
+        self.case.words = list(words)
+
+
+def simulate(case, commands, seed, stray_starts=0.0, between=None):
+    """Run `commands` ((epoch, evaluate) pairs) back to back on one sequencer; `between`:
+    an async function (stand_in, command number) run before each command. Returns the
+    stand-in (its write_spans)."""
+    harness = SequencerHarness(case)
+    rng = np.random.default_rng(seed)
+    result = {}
+
+    async def testbench(ctx):
+        stand_in = result["stand_in"] = CoreStandIn(ctx, harness, rng)
+        assert not ctx.get(harness.seq.busy), "busy out of reset"
+        for number, (epoch, evaluate) in enumerate(commands):
+            if between:
+                await between(stand_in, number)
+            await stand_in.command(epoch, evaluate, stray_starts)
+
+    run_testbench(harness, testbench)
+    return result["stand_in"]
+
+
+def random_case(seed):
+    rng = np.random.default_rng(seed)
+    lanes = (2, 4, 8)[seed % 3]
+    max_batch = int(rng.integers(1, 21))
+    batch = int(rng.integers(1, max_batch + 1))
+    full_batches = int(rng.integers(1, max(2, 96 // batch)))
+    # a partial last batch unless every batch is one sample
+    train = batch * full_batches + (int(rng.integers(1, batch)) if batch > 1 else 0)
+    test = int(rng.integers(1, 2 * max_batch + 2))
+    return draw_case(rng, lanes, int(rng.integers(1, 41)), max_batch, batch, train, test)
+
+
+@pytest.mark.parametrize("seed", range(9))
+def test_random_commands_match_golden(seed):
+    """Both commands in one start, each alone, and an epoch after an evaluation, with stray
+    start strobes while busy (ignored)."""
+    case = random_case(seed)
+    simulate(case, [(1, 1), (1, 0), (0, 1), (1, 0)], seed, stray_starts=0.05)
+
+
+@pytest.mark.parametrize("lanes, inputs, max_batch, batch, train, test", [
+    (2, 1, 1, 1, 5, 3),          # one-sample batches, one-byte samples: the multiplier's pace
+    (8, 37, 16, 16, 40, 17),     # blocks of 8, the last batch and the last test batch short
+    (4, 12, 6, 5, 23, 6),        # K = the multiplier's steps + 1: no bubble
+])
+def test_edge_shapes_match_golden(lanes, inputs, max_batch, batch, train, test):
+    rng = np.random.default_rng(lanes * 1000 + inputs)
+    case = draw_case(rng, lanes, inputs, max_batch, batch, train, test)
+    simulate(case, [(1, 1), (0, 1)], lanes + inputs)
+
+
+def test_every_batch_dropped():
+    """An epoch whose batches are all dropped runs no core and leaves correct 0 (cleared), and
+    takes its indices from the order: the epoch after it, all kept, gets the whole order."""
+    rng = np.random.default_rng(21)
+    case = draw_case(rng, 4, 9, 8, 3, 20, 5, drop_chance=0.0)
+    kept = list(case.words)
+    dropped = [w | 1 << spec.SCHEDULE_DROP_BIT for w in kept]
+
+    async def between(stand_in, number):
+        if number == 1:
+            assert stand_in.correct > 0, "the kept epoch's correct must be nonzero to test clearing"
+            await stand_in.write_schedule(dropped)
+        if number == 2:
+            await stand_in.write_schedule(kept)
+
+    stand_in = simulate(case, [(1, 0), (1, 1), (1, 0)], 21, between=between)
+    batches = case.epoch_batches()
+    assert [run.infer for run, _, _ in stand_in.write_spans] == \
+        [False] * batches + [True] + [False] * batches
+
+
+@pytest.mark.parametrize("inputs", [3, 12, 30])
+def test_gather_takes_max_of_k_and_the_multiplier_per_sample(inputs):
+    """The docstring's rate: an evaluation batch's bytes go out one a cycle, a sample every
+    max(K, offset_steps + 1) cycles."""
+    rng = np.random.default_rng(inputs)
+    case = draw_case(rng, 8, inputs, 12, 12, 4, 30)
+    stand_in = simulate(case, [(0, 1)], inputs)
+    period = max(inputs, stand_in.seq.offset_steps + 1)
+    for run, first, last in stand_in.write_spans:
+        assert last - first == (len(run.samples) - 1) * period + inputs - 1, (run.samples, period)
+
+
+def test_ports_fit_the_core():
+    """The ports the shell wires to the v2 core have the core's widths (act_bytes 1000 is
+    no multiple of 8 lanes: the activation address is the core's, word then lane)."""
+    with warnings.catch_warnings():
+        # built to compare their ports, never elaborated
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        for lanes, act_bytes in ((2, 16384), (8, 1000)):
+            build = spec.Build(name="w", dataflow="samples", lanes=lanes, act_bytes=act_bytes,
+                               max_batch=20, data_bytes=5000, data_samples=300,
+                               features=spec.FEATURES)
+            seq, core = EpochSequencer(build), SampleEngine(build, tally=False)
+            for mine, theirs in (("core_batch", "batch"), ("core_update_mask", "update_mask"),
+                                 ("core_lfsr_seed", "lfsr_seed"), ("core_correct", "correct"),
+                                 ("act_wr_addr", "act_wr_addr"),
+                                 ("act_wr_data", "act_wr_data"),
+                                 ("label_wr_addr", "label_wr_addr"),
+                                 ("label_wr_data", "label_wr_data"),
+                                 ("pred_rd_addr", "pred_rd_addr"),
+                                 ("pred_rd_data", "pred_rd_data")):
+                assert len(getattr(seq, mine)) == len(getattr(core, theirs)), (lanes, mine)
+        gc.collect()
+
+
+def test_refuses_a_build_without_resident_data():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(ValueError, match="build 'plain' has no resident data unit"):
+            EpochSequencer(spec.Build(name="plain", dataflow="samples"))
+        gc.collect()
