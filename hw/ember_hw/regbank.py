@@ -66,8 +66,29 @@ before it reaches the bus, see EngineCore):
   program_check:  Out(1) -- (engine v2 with the command_check unit: ``checks_program``) the
                   command passed StepCheck: the shell's program checker is asked for its
                   verdict on the program memory (ember_hw.program_check), in this cycle.
+  program_entries: Out(len(PROGRAM_ENTRIES)) -- (with program_check) the programs the
+                  command runs, bit i for PROGRAM_ENTRIES[i]: "train", the one at word 0
+                  (TRAIN, EPOCH), and "infer", the one at INFER_PROGRAM (INFER, EVALUATE).
   program_done, program_ok: In(1) -- its verdict (in the cycle of program_check or later):
                   a refused program refuses the command (REJECTED "program").
+
+With the resident unit (``"resident" in build.features``; docs/protocol.md section 11; its
+golden twin is VirtualEngine's ``_control``, ``_resident_command`` and ``_keep_data_if``, with
+``spec.check_resident``):
+
+- CONTROL with EPOCH and/or EVALUATE, and neither TRAIN nor INFER, is a command like train:
+  the infer command's checks (StepCheck with train 0), then "data" (an EPOCH needs
+  TRAIN_SAMPLES > 0, an EVALUATE TEST_SAMPLES > 0, and (TRAIN_SAMPLES + TEST_SAMPLES) x
+  layer 0's inputs must fit data_bytes, TRAIN_SAMPLES + TEST_SAMPLES data_samples), then the
+  program check; the first failure is REJECTED. That product is measured by a serial
+  multiplier, started the cycle after a write of TRAIN_SAMPLES or TEST_SAMPLES or a change
+  of shape and done (bits of layer 0's inputs) + 1 cycles later; a command waits for it;
+- a write that changes layer 0's inputs or the class count unloads the splits (TRAIN_SAMPLES
+  and TEST_SAMPLES become 0, the cycle after the new value is in its register): the stored
+  bytes and labels were checked for the old ones. A write of the same value changes nothing.
+
+  start_epoch, start_evaluate: Out(1) -- registered, one cycle, like start_train.
+  test_correct:   In(range(data_samples + 1)) -- TEST_CORRECT's value.
 """
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal
@@ -78,11 +99,15 @@ from amaranth.lib.wiring import In, Out
 from ember import spec
 
 from .bus import answer_error, answer_ok
-from .stepcheck import CountCheck, StepCheck
+from .serial_mul import SerialMultiplier
+from .stepcheck import CHECK_INDEX, CountCheck, StepCheck
 
 #: Word offset bits of the register file inside the "regs" region (and of the counters window,
 #: the next 2**REG_OFFSET_BITS words).
 REG_OFFSET_BITS = (spec.ADDRESS_MAP["regs"][1] - 1).bit_length()
+#: The programs a command can run (bit i of program_entries): "train" starts at word 0 (TRAIN
+#: and EPOCH run it), "infer" at INFER_PROGRAM (INFER and EVALUATE).
+PROGRAM_ENTRIES = ("train", "infer")
 assert spec.ADDRESS_MAP["counters"] == (spec.ADDRESS_MAP["regs"][0] + (1 << REG_OFFSET_BITS),
                                         1 << REG_OFFSET_BITS)
 
@@ -104,6 +129,8 @@ class RegisterBank(wiring.Component):
         self.label_words = (build.max_batch + 1) // 2
         #: engine v2's command check asks the shell's program checker too
         self.checks_program = build.dataflow == "samples" and "command_check" in build.features
+        #: the resident data unit's commands (EPOCH, EVALUATE) and splits
+        self.resident = "resident" in build.features
         settings = wiring.Signature({name: Out(s.bits, init=s.init)
                                      for name, s in self.settings_table.items()})
         super().__init__({
@@ -137,8 +164,12 @@ class RegisterBank(wiring.Component):
             "classes": Out(self.fields["outputs"].bits),
             "label_written": In(1),
             "label_word": In(range(self.label_words)),
-            **({"program_check": Out(1), "program_done": In(1), "program_ok": In(1)}
+            **({"program_check": Out(1), "program_entries": Out(len(PROGRAM_ENTRIES)),
+                "program_done": In(1), "program_ok": In(1)}
                if self.checks_program else {}),
+            **({"start_epoch": Out(1), "start_evaluate": Out(1),
+                "test_correct": In(range(build.data_samples + 1))}
+               if self.resident else {}),
         })
 
     def has_register(self, name):
@@ -172,6 +203,41 @@ class RegisterBank(wiring.Component):
                 ok = ok & (low >= t.lo)
             return ok
         return in_range
+
+    def _resident_splits(self, m, regs, inputs0):
+        """The resident unit's splits (module docstring): their unload on a change of shape,
+        and whether they fit the data memory. Returns (samples_written, data_measured,
+        data_fits): drive samples_written high in a cycle that writes TRAIN_SAMPLES or
+        TEST_SAMPLES; data_fits is valid while data_measured is high."""
+        bld = self.build
+        n_train, n_test = regs["train_samples"], regs["test_samples"]
+        # the shape the splits were loaded for is the one of the cycle before: a write that
+        # moves layer 0's inputs or the class count (LAYERS, or the last layer's outputs)
+        # shows as a difference for one cycle, and unloads them (a write in that cycle wins,
+        # as it comes after the unload on the bus)
+        inputs_seen = Signal.like(inputs0, name="inputs_seen")
+        classes_seen = Signal.like(self.classes, name="classes_seen")
+        m.d.sync += [inputs_seen.eq(inputs0), classes_seen.eq(self.classes)]
+        shape_moved = Signal()
+        m.d.comb += shape_moved.eq((inputs0 != inputs_seen) | (self.classes != classes_seen))
+        with m.If(shape_moved):
+            m.d.sync += [n_train.eq(0), n_test.eq(0)]
+        # (TRAIN_SAMPLES + TEST_SAMPLES) x layer 0's inputs, by a serial multiplier started
+        # the cycle after either count or the shape changes: no wide comparator on a product
+        # each cycle, and a command waits the few cycles of a measure
+        samples = Signal(range(2 * bld.data_samples + 1))
+        m.d.comb += samples.eq(n_train + n_test)
+        m.submodules.data_extent = extent = SerialMultiplier(len(samples), len(inputs0))
+        samples_written = Signal()
+        remeasure = Signal()
+        m.d.sync += remeasure.eq(samples_written | shape_moved)
+        data_measured = Signal()
+        data_fits = Signal()
+        m.d.comb += [extent.start.eq(remeasure), extent.a.eq(samples), extent.b.eq(inputs0),
+                     data_measured.eq(~shape_moved & ~remeasure & extent.done),
+                     data_fits.eq((extent.product <= bld.data_bytes)
+                                  & (samples <= bld.data_samples))]
+        return samples_written, data_measured, data_fits
 
     def elaborate(self, platform):
         m = Module()
@@ -239,6 +305,8 @@ class RegisterBank(wiring.Component):
                                      for w in range(self.label_words)).all())
 
         in_range = self._range_checks(m)
+        if self.resident:
+            samples_written, data_measured, data_fits = self._resident_splits(m, regs, inputs0)
 
         # CONTROL: a train or infer command is checked first (StepCheck); then registered
         # strobes, and the write's answer deferred to the command's end. REJECTED: the last
@@ -250,6 +318,27 @@ class RegisterBank(wiring.Component):
                      check.desc_data.eq(d_rd.data)]
         m.d.sync += [self.start_train.eq(0), self.start_infer.eq(0), self.clear_counters.eq(0),
                      self.abort.eq(0)]
+        # the command a CONTROL word starts: TRAIN and/or INFER; else, with the resident unit,
+        # EPOCH and/or EVALUATE (a build without it ignores these bits, as unknown bits)
+        abort_bit = spec.CONTROL_ABORT.bit_length() - 1
+        epoch_bit = spec.CONTROL_EPOCH.bit_length() - 1
+        evaluate_bit = spec.CONTROL_EVALUATE.bit_length() - 1
+        command = self.w_data[:2] != 0
+        if self.resident:
+            m.d.sync += [self.start_epoch.eq(0), self.start_evaluate.eq(0)]
+            resident_command = Signal()
+            m.d.comb += resident_command.eq((self.w_data[epoch_bit] | self.w_data[evaluate_bit])
+                                            & ~command)
+            command = command | resident_command
+            n_train, n_test = regs["train_samples"], regs["test_samples"]
+            data_refused = (self.w_data[epoch_bit] & (n_train == 0)) \
+                | (self.w_data[evaluate_bit] & (n_test == 0)) | ~data_fits
+        if self.checks_program:
+            runs = {"train": self.w_data[0], "infer": self.w_data[1]}
+            if self.resident:
+                runs["train"] = runs["train"] | (self.w_data[epoch_bit] & resident_command)
+                runs["infer"] = runs["infer"] | (self.w_data[evaluate_bit] & resident_command)
+            m.d.comb += self.program_entries.eq(Cat(runs[name] for name in PROGRAM_ENTRIES))
 
         def setting(name):
             """A read-write setting: written only while no command runs, and only with a
@@ -268,6 +357,8 @@ class RegisterBank(wiring.Component):
                         m.d.comb += self.limit_changed.eq(1)
                     if name == "layers":
                         m.d.comb += classes_change.eq(1)
+                    if self.resident and name in ("train_samples", "test_samples"):
+                        m.d.comb += samples_written.eq(1)
                     m.d.comb += ack()
             with m.Else():
                 m.d.comb += ack(getattr(self.settings, name))
@@ -290,6 +381,10 @@ class RegisterBank(wiring.Component):
                 m.d.sync += [self.start_train.eq(self.w_data[0]),
                              self.start_infer.eq(self.w_data[1]),
                              self.clear_counters.eq(self.w_data[2])]
+                if self.resident:
+                    m.d.sync += [
+                        self.start_epoch.eq(self.w_data[epoch_bit] & resident_command),
+                        self.start_evaluate.eq(self.w_data[evaluate_bit] & resident_command)]
                 if has_abort:
                     m.d.comb += ack() + [self.defer.eq(1)]
                 else:
@@ -303,19 +398,21 @@ class RegisterBank(wiring.Component):
                 m.d.sync += [checking.eq(0), program_checking.eq(1)]
 
         def step_checked():
-            """StepCheck is done: its verdict, or on engine v2 the program checker's next."""
+            """StepCheck is done: its verdict (an EPOCH or EVALUATE that passes it: the data
+            check's), or on engine v2 the program checker's next."""
+            failed = check.failed
+            if self.resident:
+                failed = Mux(resident_command & (check.failed == 0) & data_refused,
+                             CHECK_INDEX["data"], check.failed)
             if self.checks_program:
-                with m.If(check.failed != 0):
-                    verdict(check.failed)
+                with m.If(failed != 0):
+                    verdict(failed)
                 with m.Else():
                     program_verdict()
             else:
-                verdict(check.failed)
-
-        abort_bit = spec.CONTROL_ABORT.bit_length() - 1
+                verdict(failed)
 
         def control():
-            command = self.w_data[:2] != 0
             with m.If(write):
                 if has_abort:
                     with m.If(self.w_data[abort_bit]):
@@ -326,7 +423,10 @@ class RegisterBank(wiring.Component):
                         m.d.comb += err("busy")
                 else:
                     with m.If(cmd_pending):
-                        with m.If(~self.busy & ~self.start_train & ~self.start_infer):
+                        ended = ~self.busy & ~self.start_train & ~self.start_infer
+                        if self.resident:
+                            ended = ended & ~self.start_epoch & ~self.start_evaluate
+                        with m.If(ended):
                             with m.If(self.cmd_status == spec.LINK_STATUS["ok"]):
                                 m.d.comb += ack()
                             with m.Else():
@@ -343,6 +443,9 @@ class RegisterBank(wiring.Component):
                 with m.Elif(checking):
                     with m.If(check.done):
                         step_checked()
+                if self.resident:
+                    with m.Elif(resident_command & ~data_measured):
+                        pass                    # the splits' extent is being measured
                 with m.Elif(command):
                     m.d.comb += check.start.eq(1)
                     with m.If(check.done):      # decided at once (no layers or no batch)
@@ -387,11 +490,11 @@ class RegisterBank(wiring.Component):
                     for name, (off, mode) in spec.REGISTERS.items():
                         with m.Case(off):
                             if mode == "ro":
-                                # TEST_CORRECT: 0, no build has the resident unit's
-                                # gateware yet (spec.DEFAULT_FEATURES)
+                                # (TEST_CORRECT: 0 on a build without the resident unit)
                                 value = {"status": self.busy, "correct": self.correct,
                                          "rejected": rejected, "stopped": self.stopped,
-                                         "test_correct": 0,
+                                         "test_correct": self.test_correct if self.resident
+                                         else 0,
                                          }.get(name, ro_values.get(name))
                                 m.d.comb += ack(value)
                             elif mode == "wo":
