@@ -14,10 +14,10 @@ from ember.protocol import LinkError
 from ember.schedule import EpochSchedule
 from ember.spec import ConfigError, StepSettings
 from ember.trainer import Trainer, load_checkpoint, resident_plan
+from ember_sim import rtl
 
-#: the sim build with a resident data memory for the digits (1,797 samples x 64 bytes)
-RESIDENT = dataclasses.replace(spec.BUILDS["sim"], name="sim-resident", features=spec.FEATURES,
-                               data_bytes=1 << 17, data_samples=2048)
+#: the sim build: its resident data memory holds the digits (1,797 samples x 64 bytes)
+RESIDENT = spec.BUILDS["sim"]
 LINK = ("link_rx_bytes", "link_tx_bytes")
 
 
@@ -243,3 +243,33 @@ def test_the_cli_refuses_resident_on_where_it_cannot_run(capsys):
     err = capsys.readouterr().err
     assert "--resident on: build 'sim' has no resident data memory" in err
     assert "a fleet (--boards, --ports) streams its batches" in err
+
+
+@pytest.mark.parametrize("simulator", rtl.simulator_params())
+def test_resident_epochs_on_the_simulated_board_equal_the_model(tmp_path, simulator):
+    """The resident data unit's gateware (ember_hw.epoch in ember_hw.sample_core) on the
+    simulated board: resident epochs with every method, evaluated on the device, end with
+    the model backend's weights, history and exact counters (link bytes included), and with
+    streaming's but for the link. A data set whose splits and batch leave short batches
+    with fewer sample blocks than the programs were compiled for (72 training samples at
+    batch 20: a last batch of 12; 18 test samples in a program for max_batch)."""
+    from test_system_rtl import _exact, _train_json
+    rng = np.random.default_rng(16)
+    x = rng.random((90, 20))
+    x[x < 0.3] = 0
+    path = tmp_path / "data.npz"
+    np.savez(path, X=x, y=rng.integers(0, 5, 90))
+    args = ("--preset", "all", "--epochs", "2", "--hidden", "12", "--batch-size", "20",
+            "--dataset", str(path), "--seed", "4", "--ssprop-keep", "0.5",
+            "--ssprop-warmup", "0")
+    sim = _train_json(tmp_path, "sim", "--backend", "sim", "--simulator", simulator,
+                      "--resident", "on", *args)
+    model = _train_json(tmp_path, "model", "--backend", "model", "--resident", "on", *args)
+    stream = _train_json(tmp_path, "stream", "--backend", "model", "--resident", "off", *args)
+    assert sim["resident"]["train"] and sim["resident"]["test"]
+    assert sim["weights_sha256"] == model["weights_sha256"] == stream["weights_sha256"]
+    assert sim["history"] == model["history"] == stream["history"]
+    for part in ("counters", "eval_counters"):
+        assert _exact(sim[part]) == _exact(model[part])
+        assert _without_link(_exact(sim[part])) == _without_link(_exact(stream[part]))
+    assert sim["counters"]["cycles"] > 0

@@ -399,6 +399,15 @@ class EngineDevice(Device):
                           (regmap.reg("test_samples"), len(x_test))])
         self._resident = (len(x_train), len(x_test))
 
+    def _resident_watchdog(self):
+        """The watchdog's limit for EPOCH and EVALUATE, which it applies to each core run
+        (docs/protocol.md section 10): the most cycles a train run at the batch register's
+        size or an infer run of max_batch samples can take."""
+        b = self.build
+        bound = max(spec.command_cycle_bound(b, self.layers, self._batch, True),
+                    spec.command_cycle_bound(b, self.layers, b.max_batch, False))
+        return min(bound, b.settings()["watchdog"].hi)
+
     def prepare_epochs(self, batch_size, psg_relative=False):
         """Write what train_epoch at `batch_size` and evaluate_resident will run (engine v2:
         the train program for the batch size and the infer program for max_batch, side by
@@ -440,7 +449,8 @@ class EngineDevice(Device):
         self._batch = None
         self._write_descriptors(schedule.batch_size)
         self._write_runs(regmap.settings_writes(schedule.settings, n_layers)
-                         + [(regmap.reg("epoch_key"), schedule.key)])
+                         + [(regmap.reg("epoch_key"), schedule.key),
+                            (regmap.reg("watchdog"), self._resident_watchdog())])
         # one program for the epoch's batches and its short last one (engine v2)
         self._write_program("train", schedule.batch_size,
                             schedule.settings.psg and schedule.settings.psg_relative)
@@ -453,6 +463,8 @@ class EngineDevice(Device):
         """Infer the resident test split on the device, in batches of max_batch (as
         infer_all), in one command; returns how many samples it classified correctly."""
         self._need_data("test")
+        self._write_descriptors(self._batch or self.build.max_batch)
+        self._write_runs([(regmap.reg("watchdog"), self._resident_watchdog())])
         # the evaluation's batches are max_batch and its remainder: one program for both
         self._write_program("infer", self.build.max_batch)
         self._run(spec.CONTROL_EVALUATE)

@@ -405,8 +405,9 @@ class Build:
 BUILDS = {
     # The simulated board's build (`make train`, the CLI's default): engine v2
     # (docs/architecture.md 2b, ember_hw.sample_core), 8 lanes over the samples of a batch with
-    # every unit, on the model backend and the simulated board.
-    "sim": Build(dataflow="samples"),
+    # every unit, on the model backend and the simulated board. Its resident data memory
+    # (docs/protocol.md section 11) holds the digits' 1,797 x 64 input bytes and their labels.
+    "sim": Build(dataflow="samples", features=FEATURES, data_bytes=1 << 17, data_samples=2048),
     # Engine v1 (ember_hw.engine) at the sim build's sizes and units: the boards' engine until
     # v2 takes them, kept on the model backend and the simulated board for v1's tests.
     "v1": Build(name="v1"),

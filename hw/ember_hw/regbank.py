@@ -145,7 +145,9 @@ class RegisterBank(wiring.Component):
             "inputs0": Out(self.fields["inputs"].bits, init=self.fields["inputs"].init),
             "limit_changed": Out(1),
             "busy": In(1),
-            "correct": In(self.settings_table["batch"].bits),
+            # a batch's count, or on a resident build an epoch's (ember_hw.epoch)
+            "correct": In(self.settings_table["batch"].bits if "resident" not in build.features
+                          else range(max(build.max_batch, build.data_samples) + 1)),
             "start_train": Out(1),
             "start_infer": Out(1),
             "clear_counters": Out(1),

@@ -31,15 +31,17 @@ ends the command with the answer ``fault`` (spec.LINK_STATUS).
 ``EngineTop`` takes either.
 """
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.hdl import ResetInserter
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 
 from ember import dataflow, spec
 
 from .bus import engine_members
 from .counters import CounterFile
-from .memwindow import SampleWindow
+from .epoch import EpochSequencer
+from .memwindow import SampleWindow, data_words
 from .program_check import ProgramCheck
 from .regbank import RegisterBank
 from .sample_engine import SampleEngine, event_bounds
@@ -80,25 +82,38 @@ class SampleCore(wiring.Component):
         m.submodules.regs = regs = RegisterBank(bld)
         m.submodules.core = core = ResetInserter(stop)(SampleEngine(bld, tally=False))
         m.submodules.window = win = SampleWindow(bld)
+        # a command runs: the core, or the resident data unit between its batches
+        self.running = Signal()
+        self.seq = None
+        if "resident" in bld.features:
+            m.submodules.epoch = self.seq = ResetInserter(stop)(EpochSequencer(bld))
+        m.d.comb += self.running.eq(core.busy | (self.seq.busy if self.seq else 0))
         self._settings(m, regs, core)
         self._bus(m, regs, win)
         self._window_ports(m, regs, win, core)
         self._counters(m, regs, win, core)
         if regs.checks_program:
             self._program_check(m, regs, win, core)
+        if self.seq is not None:
+            self._resident(m, regs, win, core, self.seq)
         m.submodules.stopper = stopper = CommandStop(bld)
         busy_was = Signal()
         status = Signal(spec.LINK_STATUS_BITS)
-        m.d.sync += busy_was.eq(core.busy)
-        m.d.comb += [stopper.start.eq(core.start), stopper.busy.eq(core.busy),
+        m.d.sync += busy_was.eq(self.running)
+        commands = [regs.start_train, regs.start_infer]
+        if self.seq is not None:
+            commands += [regs.start_epoch, regs.start_evaluate]
+            m.d.comb += stopper.rearm.eq(self.seq.core_start)
+        m.d.comb += [stopper.start.eq(Cat(*commands).any()), stopper.busy.eq(self.running),
+                     stopper.counting.eq(core.busy),
                      stopper.abort.eq(regs.abort), stopper.weight_write.eq(core.weight_write),
                      stopper.layer.eq(core.layer), stopper.watchdog.eq(regs.settings.watchdog),
                      stop.eq(stopper.stop), regs.stopped.eq(stopper.stopped),
-                     self.bus.cmd_done.eq(busy_was & ~core.busy),
+                     self.bus.cmd_done.eq(busy_was & ~self.running),
                      status.eq(Mux(core.fault & (stopper.cmd_status == spec.LINK_STATUS["ok"]),
                                    spec.LINK_STATUS["fault"], stopper.cmd_status)),
                      self.bus.cmd_status.eq(status), regs.cmd_status.eq(status),
-                     self.busy.eq(core.busy), regs.busy.eq(core.busy)]
+                     self.busy.eq(self.running), regs.busy.eq(self.running)]
         return m
 
     def _settings(self, m, regs, core):
@@ -107,11 +122,23 @@ class SampleCore(wiring.Component):
         synthesis drops what the core has for it."""
         st = regs.settings
         flags = {name: st.flags[i] for i, name in enumerate(spec.FLAG_BITS)}
-        m.d.comb += [core.start.eq(regs.start_train | regs.start_infer),
+        seq = self.seq
+        seq_infer = (seq.core_start & seq.core_infer) if seq else Const(0)
+        m.d.comb += [core.start.eq(regs.start_train | regs.start_infer
+                                   | (seq.core_start if seq else 0)),
+                     # an inference's program begins at INFER_PROGRAM (0 without the unit)
+                     core.program_base.eq(Mux(regs.start_infer | seq_infer,
+                                              st.infer_program, 0)),
                      core.batch.eq(st.batch), core.update_mask.eq(st.update_mask),
                      core.lr_shift.eq(st.lr_shift), core.psg_tau.eq(st.psg_tau),
                      core.psg_step_shift.eq(st.psg_step_shift), core.keep_q8.eq(st.keep_q8),
                      core.lfsr_seed.eq(st.lfsr_seed), regs.correct.eq(core.correct)]
+        if seq is not None:
+            # the resident data unit's batches: their size, SLU mask and LFSR seed
+            with m.If(seq.busy):
+                m.d.comb += [core.batch.eq(seq.core_batch),
+                             core.update_mask.eq(seq.core_update_mask),
+                             core.lfsr_seed.eq(seq.core_lfsr_seed)]
         unit = {"psg": "psg", "psg_relative": "psg", "ssprop_random": "ssprop_random"}
         for name, feature in unit.items():
             if feature in self.build.features:
@@ -120,6 +147,9 @@ class SampleCore(wiring.Component):
         inferring = Signal()
         with m.If(regs.start_train | regs.start_infer):
             m.d.sync += inferring.eq(regs.start_infer)
+        if seq is not None:
+            with m.If(seq.core_start):
+                m.d.sync += inferring.eq(seq.core_infer)
         m.d.comb += core.zero_skip.eq(flags["zero_skip"] | inferring)
 
     def _bus(self, m, regs, win):
@@ -150,7 +180,7 @@ class SampleCore(wiring.Component):
         P = self.build.lanes
         logp = P.bit_length() - 1
         st = regs.settings
-        m.d.comb += [win.busy.eq(core.busy), win.classes.eq(regs.classes),
+        m.d.comb += [win.busy.eq(self.running), win.classes.eq(regs.classes),
                      core.w_wr_addr.eq(win.w_wr_addr), core.w_wr_data.eq(win.w_wr_data),
                      core.w_wr_en.eq(win.w_wr_en), core.w_rd_addr.eq(win.w_rd_addr),
                      win.w_rd_data.eq(core.w_rd_data),
@@ -180,23 +210,102 @@ class SampleCore(wiring.Component):
                      win.tail.eq(tail), win.limit_ready.eq(~start & mul.done)]
 
     def _program_check(self, m, regs, win, core):
-        """The command check's last step: the program memory checked before a command runs
-        (ProgramCheck, golden twin dataflow.verify_verdict), once after each time the host
-        writes it: a program that passed stays verified until the program region is written
-        again."""
+        """The command check's last step: the programs a command runs checked before it
+        starts (ProgramCheck, golden twin dataflow.verify_verdict): the one at word 0 for
+        TRAIN and EPOCH, the one at INFER_PROGRAM for INFER and EVALUATE (regs'
+        program_entries), each once after the host last wrote the program memory (or, for
+        the second, INFER_PROGRAM): a program that passed stays verified until then."""
         m.submodules.program_check = pc = ProgramCheck(self.build)
-        verified = Signal()
+        st = regs.settings
+        verified = Signal(2)                # per entry, since the program memory's last write
+        infer_checked = Signal.like(st.infer_program)   # INFER_PROGRAM when entry 1 passed
+        valid = Cat(verified[0], verified[1] & (infer_checked == st.infer_program))
+        todo = Signal(2)                    # the asked command's entries left to check
+        entry = Signal()                    # the entry being checked
+        first = Signal(2)
+        m.d.comb += [first.eq(regs.program_entries & ~valid), pc.rd_data.eq(core.prog_rd_data)]
+
+        def check(entries):
+            which = ~entries[0]
+            m.d.comb += [pc.start.eq(1), pc.base.eq(Mux(which, st.infer_program, 0))]
+            m.d.sync += [entry.eq(which), todo.eq(entries)]
+
+        with m.FSM(name="program_check"):
+            with m.State("IDLE"):
+                with m.If(regs.program_check):
+                    with m.If(first == 0):
+                        m.d.comb += [regs.program_done.eq(1), regs.program_ok.eq(1)]
+                    with m.Else():
+                        check(first)
+                        m.next = "CHECK"
+            with m.State("CHECK"):
+                left = todo & ~(Const(1, 2) << entry)
+                with m.If(pc.done):
+                    with m.If(~pc.ok):
+                        m.d.comb += regs.program_done.eq(1)
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.d.sync += [verified.bit_select(entry, 1).eq(1), todo.eq(left)]
+                        with m.If(entry):
+                            m.d.sync += infer_checked.eq(st.infer_program)
+                        with m.If(left == 0):
+                            m.d.comb += [regs.program_done.eq(1), regs.program_ok.eq(1)]
+                            m.next = "IDLE"
+                        with m.Else():
+                            m.next = "NEXT"
+            with m.State("NEXT"):
+                check(todo)
+                m.next = "CHECK"
         with m.If(win.prog_wr_en):
             m.d.sync += verified.eq(0)
-        with m.Elif(pc.done):
-            m.d.sync += verified.eq(pc.ok)
-        asked = regs.program_check
-        m.d.comb += [pc.start.eq(asked & ~verified), pc.rd_data.eq(core.prog_rd_data),
-                     regs.program_done.eq((asked & verified) | pc.done),
-                     regs.program_ok.eq((asked & verified) | (pc.done & pc.ok))]
         # the checker reads the program memory through the core's idle read port
         with m.If(pc.busy):
             m.d.comb += core.prog_rd_addr.eq(pc.rd_addr)
+
+    def _resident(self, m, regs, win, core, seq):
+        """The resident data unit: its memories (written by the window, read by the
+        sequencer), and the sequencer on the core's idle ports between its batches."""
+        bld, st = self.build, regs.settings
+
+        def memory(name, shape, depth, writer):
+            m.submodules[name] = mem = Memory(shape=shape, depth=depth, init=[])
+            rd, wr = mem.read_port(transparent_for=()), mem.write_port()
+            m.d.comb += [wr.addr.eq(getattr(win, f"{writer}_wr_addr")),
+                         wr.data.eq(getattr(win, f"{writer}_wr_data")),
+                         wr.en.eq(getattr(win, f"{writer}_wr_en"))]
+            return rd
+
+        data = memory("data_mem", spec.BUS_DATA_BITS, data_words(bld), "data")
+        labels = memory("data_label_mem", spec.LABEL_BITS, bld.data_samples, "dlabel")
+        schedule = memory("schedule_mem", spec.BUS_DATA_BITS, bld.data_samples, "sched")
+        m.d.comb += [data.addr.eq(seq.data_rd_addr), seq.data_rd_data.eq(data.data),
+                     labels.addr.eq(seq.dlabel_rd_addr), seq.dlabel_rd_data.eq(labels.data),
+                     schedule.addr.eq(seq.sched_rd_addr), seq.sched_rd_data.eq(schedule.data),
+                     seq.start_epoch.eq(regs.start_epoch),
+                     seq.start_evaluate.eq(regs.start_evaluate),
+                     seq.batch.eq(st.batch), seq.layers.eq(st.layers), seq.inputs.eq(regs.inputs0),
+                     seq.train_samples.eq(st.train_samples),
+                     seq.test_samples.eq(st.test_samples), seq.epoch_key.eq(st.epoch_key),
+                     seq.core_busy.eq(core.busy), seq.core_correct.eq(core.correct),
+                     seq.pred_rd_data.eq(core.pred_rd_data),
+                     regs.test_correct.eq(seq.test_correct)]
+        with m.If(seq.busy):
+            m.d.comb += [core.act_wr_addr.eq(seq.act_wr_addr),
+                         core.act_wr_data.eq(seq.act_wr_data),
+                         core.act_wr_en.eq(seq.act_wr_en),
+                         core.label_wr_addr.eq(seq.label_wr_addr),
+                         core.label_wr_data.eq(seq.label_wr_data),
+                         core.label_wr_en.eq(seq.label_wr_en),
+                         core.pred_rd_addr.eq(seq.pred_rd_addr)]
+        # CORRECT after an EPOCH: the epoch's trained samples classified correctly (a
+        # streaming TRAIN sets it back to the core's count)
+        epoch_ran = Signal()
+        with m.If(regs.start_epoch):
+            m.d.sync += epoch_ran.eq(1)
+        with m.Elif(regs.start_train):
+            m.d.sync += epoch_ran.eq(0)
+        with m.If(epoch_ran):
+            m.d.comb += regs.correct.eq(seq.correct)
 
     def _counters(self, m, regs, win, core):
         """The event counters: the core's events, the link's bytes, the window's input bytes
@@ -208,9 +317,12 @@ class SampleCore(wiring.Component):
         inc = counters.inc
         for name in event_bounds(self.build):
             m.d.comb += getattr(inc, name).eq(getattr(core.inc, name))
-        m.d.comb += [inc.act_writes.eq(core.inc.act_writes + win.act_wr_en),
+        # input bytes written by the window, or by the resident data unit's gather (never
+        # both: the window is idle while a command runs), count as the core's own writes
+        written = win.act_wr_en | (self.seq.act_wr_en if self.seq else 0)
+        m.d.comb += [inc.act_writes.eq(core.inc.act_writes + written),
                      inc.link_rx_bytes.eq(self.link_rx), inc.link_tx_bytes.eq(self.link_tx),
-                     inc.cycles.eq(core.busy)]
+                     inc.cycles.eq(self.running)]
         # (in CYCLE_KINDS' order, not a set's: the Verilog must not change between
         # processes, or every run rebuilds the simulated board)
         for cycles in dict.fromkeys(CYCLE_KINDS.values()):

@@ -22,7 +22,14 @@ Ports (sync domain):
   start:        In(1) -- a command starts (the sequencer is idle and CONTROL started one):
                 the abort request, the weight flag and STOPPED are cleared, the watchdog
                 loaded with ``watchdog``.
+  rearm:        In(1) -- (resident data) a batch of an EPOCH or EVALUATE command starts
+                the core: the watchdog is loaded with ``watchdog`` again, so its limit is
+                per core run (the abort request and the weight flag are the command's and
+                stay).
   busy:         In(1) -- a command runs (from the cycle after ``start``).
+  counting:     In(1), 1 unless driven -- the cycles the watchdog counts: ``busy`` but
+                between a resident command's core runs (the gather between them takes a
+                bounded time that no register value can stretch: ember_hw.epoch).
   abort:        In(1) -- CONTROL_ABORT was written (RegisterBank.abort); held as a request
                 until the next ``start``.
   weight_write: In(1) -- the command writes a weight this cycle (UpdateUnit.wr_en).
@@ -57,7 +64,9 @@ class CommandStop(wiring.Component):
         self.has_watchdog = "watchdog" in build.features
         super().__init__({
             "start": In(1),
+            "rearm": In(1),
             "busy": In(1),
+            "counting": In(1, init=1),
             "abort": In(1),
             "weight_write": In(1),
             "layer": In(range(build.max_layers + 1)),
@@ -81,7 +90,9 @@ class CommandStop(wiring.Component):
             if self.has_watchdog:
                 m.d.sync += [cycles_left.eq(self.watchdog), expired.eq(0)]
         if self.has_watchdog:
-            with m.Elif(self.busy):
+            with m.Elif(self.rearm):
+                m.d.sync += [cycles_left.eq(self.watchdog), expired.eq(0)]
+            with m.Elif(self.busy & self.counting):
                 m.d.sync += [cycles_left.eq(cycles_left - 1), expired.eq(cycles_left == 1)]
         with m.If(self.abort):
             m.d.sync += abort_req.eq(1)
