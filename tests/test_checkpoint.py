@@ -9,8 +9,11 @@ import pytest
 from ember import cli, data, golden, policies, trainer
 from ember.device import ModelDevice
 
-#: every RNG stream matters: SMD drops, SLU random masks, ssProp random channels, shuffling
-RUN = ("--preset", "all", "--ssprop-variant", "random", "--epochs", "4", "--seed", "3")
+#: every RNG stream matters: SMD drops, SLU random masks, ssProp random channels, shuffling;
+#: streamed batch by batch, so that a run can be killed in the middle of an epoch (a resident
+#: run's kill and resume: tests/test_resident.py)
+RUN = ("--preset", "all", "--ssprop-variant", "random", "--epochs", "4", "--seed", "3",
+       "--resident", "off")
 
 
 def run_cli(tmp_path, *args, name="out.json"):
@@ -102,7 +105,7 @@ def test_checkpointing_changes_nothing_and_holds_the_run(tmp_path, straight):
     assert doc["notes"] == {"preset": "all"}
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     # resuming a finished run trains nothing and reports the same result
-    again = run_cli(tmp_path, "--resume", str(ckpt), name="again.json")
+    again = run_cli(tmp_path, "--resume", str(ckpt), "--resident", "off", name="again.json")
     assert without_wall(again) == without_wall(straight)
 
 
@@ -113,7 +116,8 @@ def killed_in_epoch_3(tmp_path_factory, straight):
     path = tmp_path_factory.mktemp("killed") / "run.ckpt"
     with pytest.raises(KeyboardInterrupt):
         trainer.Trainer(KilledDevice(ModelDevice(), batches_sent(straight, 2) + 1),
-                        data.load_digits(), cfg, progress=False, checkpoint=path).run()
+                        data.load_digits(), cfg, progress=False, checkpoint=path,
+                        resident="off").run()
     return path, cfg
 
 
@@ -130,7 +134,7 @@ def test_every_rng_stream_is_restored(killed_in_epoch_3, straight, stream):
         fresh = policies.rng(cfg.seed, number).bit_generator.state
         saved["rng"][stream] = {"rng": fresh, "count": 0} if stream == "slu" else fresh
     r = trainer.Trainer(ModelDevice(), data.load_digits(), cfg, progress=False,
-                        resume=saved).run()
+                        resume=saved, resident="off").run()
     assert (r["weights_sha256"] == straight["weights_sha256"]) == (stream is None)
 
 

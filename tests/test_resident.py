@@ -18,6 +18,8 @@ from ember_sim import rtl
 
 #: the sim build: its resident data memory holds the digits (1,797 samples x 64 bytes)
 RESIDENT = spec.BUILDS["sim"]
+#: an engine v2 build without the unit
+PLAIN = spec.BUILDS["ulx3s"]
 LINK = ("link_rx_bytes", "link_tx_bytes")
 
 
@@ -58,7 +60,7 @@ def test_resident_epochs_train_as_streaming_does(digits, preset):
 
 def test_auto_streams_on_a_build_without_the_unit_and_keeps_what_fits(digits):
     layers = [64, 32, 10]
-    assert resident_plan("auto", digits, layers, spec.BUILDS["sim"]) == (False, False)
+    assert resident_plan("auto", digits, layers, PLAIN) == (False, False)
     assert resident_plan("auto", digits, layers, RESIDENT) == (True, True)
     train_only = dataclasses.replace(RESIDENT, data_bytes=1500 * 64)
     assert resident_plan("auto", digits, layers, train_only) == (True, False)
@@ -68,8 +70,8 @@ def test_auto_streams_on_a_build_without_the_unit_and_keeps_what_fits(digits):
     with pytest.raises(ConfigError, match=r"needs 92,032 bytes and 1,438 labels .* holds "
                                           r"131,072 bytes and 1,000 labels"):
         resident_plan("on", digits, layers, small)
-    with pytest.raises(ConfigError, match="build 'sim' has no resident data memory"):
-        resident_plan("on", digits, layers, spec.BUILDS["sim"])
+    with pytest.raises(ConfigError, match="build 'ulx3s' has no resident data memory"):
+        resident_plan("on", digits, layers, PLAIN)
     # the training split alone resident, the test split streamed: still the same run
     r = _train(digits, "auto", epochs=2, build=train_only)
     s = _train(digits, "off", epochs=2)
@@ -131,7 +133,7 @@ def test_bad_resident_input_is_refused_before_anything_changes(digits):
     x, y = digits.x_train, digits.y_train
     with pytest.raises(ConfigError, match=r"the splits need 131,136 bytes and 2,049 labels "
                                           r"\(1,438 training \+ 611 test samples x 64 inputs\); "
-                                          r"build 'custom-8' holds 131,072 bytes"):
+                                          r"build 'sim' holds 131,072 bytes"):
         dev.load_data(x, y, np.concatenate([digits.x_test] * 2)[:611],
                       np.concatenate([digits.y_test] * 2)[:611])
     with pytest.raises(ConfigError, match=r"training split has shape \(1438, 63\)"):
@@ -152,8 +154,8 @@ def test_bad_resident_input_is_refused_before_anything_changes(digits):
         dev.evaluate_resident()
     assert [np.array_equal(a, b) for a, b in zip(dev.read_weights(), weights)] == [True, True]
     # a build without the unit
-    plain = _device(build=spec.BUILDS["sim"])
-    with pytest.raises(ConfigError, match="build 'sim' has no resident data memory"):
+    plain = _device(build=PLAIN)
+    with pytest.raises(ConfigError, match="build 'ulx3s' has no resident data memory"):
         plain.load_data(x, y)
 
 
@@ -227,9 +229,8 @@ def test_the_build_description_reads_the_data_memory():
     info = dev.identify()
     assert info["data_bytes"] == 1 << 17 and info["data_samples"] == 2048
     assert "resident" in info["features"]
-    assert spec.read_only_values(spec.BUILDS["sim"])["data_bytes"] == 0
-    for name in spec.BUILDS:
-        assert "resident" not in spec.BUILDS[name].features
+    assert spec.read_only_values(PLAIN)["data_bytes"] == 0
+    assert [name for name, b in spec.BUILDS.items() if "resident" in b.features] == ["sim"]
     with pytest.raises(ConfigError, match="resident data needs engine v2"):
         dataclasses.replace(spec.BUILDS["v1"], features=spec.FEATURES, data_bytes=1,
                             data_samples=1)
@@ -237,11 +238,11 @@ def test_the_build_description_reads_the_data_memory():
 
 def test_the_cli_refuses_resident_on_where_it_cannot_run(capsys):
     from ember import cli
-    for args in (["--resident", "on", "--epochs", "1"],
+    for args in (["--resident", "on", "--epochs", "1", "--build", "ulx3s"],
                  ["--resident", "on", "--boards", "2", "--epochs", "1"]):
         assert cli.main(["train", "--backend", "model", "--quiet", *args]) == 2
     err = capsys.readouterr().err
-    assert "--resident on: build 'sim' has no resident data memory" in err
+    assert "--resident on: build 'ulx3s' has no resident data memory" in err
     assert "a fleet (--boards, --ports) streams its batches" in err
 
 

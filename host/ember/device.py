@@ -177,6 +177,8 @@ class EngineDevice(Device):
         self.layers = None
         self._batch = None
         self._programs = {}                 # engine v2: command -> (key, end, first word)
+        # INFER_PROGRAM as last written (unknown on a build with the register until then)
+        self._infer_program = None if "resident" in self.build.features else 0
         self._resident = None               # (train, test samples) loaded, or None
 
     def identify(self):
@@ -205,13 +207,14 @@ class EngineDevice(Device):
         self._write_runs(writes)
         self._batch = batch
 
-    def _write_program(self, command, batch, psg_relative=False):
+    def _write_program(self, command, batch, psg_relative=False, beside=False):
         """Engine v2: the program of `command` for this network, compiled for `batch` (it
         runs any batch up to that), in the program memory, written only when it differs from
-        what the memory holds there. Compiled and checked here first (ember.dataflow). A
-        build with the resident unit keeps the infer program at the end of the memory
-        (INFER_PROGRAM) beside the train program at word 0 when both fit, so training and
-        evaluation do not rewrite each other's."""
+        what the memory holds there. Compiled and checked here first (ember.dataflow).
+        `beside` (resident data: an infer program for EVALUATE): at the end of the program
+        memory (INFER_PROGRAM), beside the train program at word 0 when both fit, so that an
+        epoch and an evaluation do not rewrite each other's; otherwise every program starts
+        at word 0, so that what an epoch writes does not depend on what ran before it."""
         if self.build.dataflow != "samples":
             return
         key = (command, batch, bool(psg_relative) and command == "train")
@@ -223,22 +226,22 @@ class EngineDevice(Device):
             phases = dataflow.infer_program(self.layers, self.build, batch, shifts)
         words = dataflow.encode(phases, self.build)
         base = 0
-        if command == "infer" and "resident" in self.build.features:
+        if beside:
             base = self.build.program_words - len(words)
             train = self._programs.get("train")
             if train is not None and train[1] > base:
                 base = 0                    # no room beside it: the train program goes
-        if self._programs.get(command) == (key, base + len(words), base):
-            return
-        if command == "infer" and "resident" in self.build.features:
+        if self._programs.get(command) != (key, base + len(words), base):
+            # a write that fails leaves the program memory's contents unknown
+            for name, (_, end, start) in list(self._programs.items()):
+                if name == command or (start < base + len(words) and base < end):
+                    del self._programs[name]
+            for at, burst in regmap.program_writes(words):
+                self.link.write_words(at + base, burst)
+            self._programs[command] = (key, base + len(words), base)
+        if command == "infer" and base != self._infer_program:
             self._write_runs([(regmap.reg("infer_program"), base)])
-        # a write that fails leaves the program memory's contents unknown
-        for name, (_, end, start) in list(self._programs.items()):
-            if name == command or (start < base + len(words) and base < end):
-                del self._programs[name]
-        for at, burst in regmap.program_writes(words):
-            self.link.write_words(at + base, burst)
-        self._programs[command] = (key, base + len(words), base)
+            self._infer_program = base
 
     def _write_runs(self, writes):
         """(address, value) writes, sent as bursts of consecutive addresses."""
@@ -418,7 +421,7 @@ class EngineDevice(Device):
         if "resident" not in self.build.features:
             return
         self._write_program("train", batch_size, psg_relative)
-        self._write_program("infer", self.build.max_batch)
+        self._write_program("infer", self.build.max_batch, beside=True)
 
     def _need_data(self, split):
         self._need_config()
@@ -466,7 +469,7 @@ class EngineDevice(Device):
         self._write_descriptors(self._batch or self.build.max_batch)
         self._write_runs([(regmap.reg("watchdog"), self._resident_watchdog())])
         # the evaluation's batches are max_batch and its remainder: one program for both
-        self._write_program("infer", self.build.max_batch)
+        self._write_program("infer", self.build.max_batch, beside=True)
         self._run(spec.CONTROL_EVALUATE)
         return self.link.read_words(regmap.reg("test_correct"), 1)[0]
 
