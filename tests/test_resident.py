@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ember import data, golden, regmap, spec
-from ember.device import ModelDevice
+from ember.device import ModelDevice, open_device
 from ember.policies import make_config
 from ember.protocol import LinkError
 from ember.schedule import EpochSchedule
@@ -274,3 +274,60 @@ def test_resident_epochs_on_the_simulated_board_equal_the_model(tmp_path, simula
         assert _exact(sim[part]) == _exact(model[part])
         assert _without_link(_exact(sim[part])) == _without_link(_exact(stream[part]))
     assert sim["counters"]["cycles"] > 0
+
+
+def _hostile_resident_session(dev):
+    """Resident-data frames a host should never send, each answered (status and, for reads
+    and REJECTED, the words), on a configured device: the answers in order."""
+    link, reg, region = dev.link, regmap.reg, regmap.region
+    b = dev.build
+    out = []
+
+    def answer(call):
+        try:
+            out.append(("ok", call()))
+        except LinkError as e:
+            out.append((e.status, None))
+
+    def read(name):
+        answer(lambda: link.read_words(reg(name), 1))
+
+    dev.configure([20, 8, 5])
+    answer(lambda: link.write_words(reg("control"), [spec.CONTROL_EPOCH]))     # no split
+    read("rejected")
+    answer(lambda: link.write_words(reg("control"), [spec.CONTROL_EVALUATE]))
+    read("rejected")
+    for name in ("data", "data_labels", "schedule"):                          # write only
+        answer(lambda name=name: link.read_words(region(name), 1))
+    answer(lambda: link.write_words(region("data") + (b.data_bytes + 3) // 4, [0]))
+    answer(lambda: link.write_words(region("schedule") + b.data_samples, [0]))
+    answer(lambda: link.write_words(region("data_labels"), [7 | 1 << 16]))    # 7 >= 5 classes
+    answer(lambda: link.write_words(region("data_labels"), [4 | 3 << 16]))
+    answer(lambda: link.write_words(reg("train_samples"), [b.data_samples + 1]))
+    answer(lambda: link.write_words(reg("train_samples"), [10]))
+    read("train_samples")
+    answer(lambda: link.write_words(regmap.layer_field(0, "inputs"), [20]))   # the same width
+    read("train_samples")
+    answer(lambda: link.write_words(regmap.layer_field(0, "inputs"), [21]))   # another one
+    read("train_samples")
+    answer(lambda: link.write_words(reg("infer_program"), [b.program_words]))
+    answer(lambda: link.write_words(reg("infer_program"), [b.program_words - 1]))
+    read("infer_program")
+    return out
+
+
+@pytest.mark.parametrize("simulator", ["verilator"])
+def test_the_simulated_board_refuses_hostile_resident_frames_as_the_model_does(simulator):
+    """The resident unit's regions, registers and commands in the gateware (memory window,
+    register bank) answer what a hostile host sends as the model does: EPOCH and EVALUATE
+    without a split (REJECTED data), reads of the write-only regions, words past them, a
+    label the network cannot output, a sample count past DATA_SAMPLES, the splits unloaded
+    by a change of input width (and not by a rewrite of the same), INFER_PROGRAM's range."""
+    with open_device("sim", build=RESIDENT, simulator=simulator) as sim:
+        got = _hostile_resident_session(sim)
+    want = _hostile_resident_session(ModelDevice(RESIDENT))
+    assert got == want
+    data_check = 1 + list(spec.COMMAND_CHECKS).index("data")
+    assert want[:4] == [("bad_value", None), ("ok", [data_check])] * 2
+    assert [s for s, _ in want[4:10]] == ["bad_value"] * 3 + ["out_of_range"] * 2 + \
+        ["bad_value"]
