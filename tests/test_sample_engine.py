@@ -64,10 +64,17 @@ async def load_and_run(ctx, dut, words, layers, weights, batch, x, build, y=None
     return out["weights"], out["events"], out["cycles"], out["correct"]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_infer_matches_the_executor_and_the_golden_model(seed):
-    rng = np.random.default_rng(seed)
+def check_infer(rng, larger=False):
+    """An inference of random_case on SMALL in the Amaranth simulator against the golden
+    model's predictions and the executor's events; `larger`: its program compiled for a
+    random batch at least as large (it runs every batch up to that). Returns the engine's
+    outputs, the program and the batch."""
     layers, batch, weights, shifts, x = random_case(rng, SMALL)
+    capacity = int(rng.integers(batch, SMALL.max_batch + 1)) if larger else batch
+    while not fits(layers, SMALL, capacity):
+        layers = [max(2, v // 2) for v in layers]
+        weights = [w[:n, :k] for w, k, n in zip(weights, layers[:-1], layers[1:])]
+        x = x[:, :layers[0]]
     g = golden.GoldenModel(SMALL)
     g.configure(layers, shifts)
     g.load_weights(weights)
@@ -75,8 +82,10 @@ def test_infer_matches_the_executor_and_the_golden_model(seed):
     mem = dataflow.Memories(SMALL)
     mem.load_network(layers, weights, batch)
     mem.load_inputs(x)
-    phases = dataflow.infer_program(layers, SMALL, batch, shifts)
-    counts, _ = dataflow.execute(phases, mem, batch)
+    # the events of the program compiled for the batch itself
+    counts, _ = dataflow.execute(dataflow.infer_program(layers, SMALL, batch, shifts), mem,
+                                 batch)
+    phases = dataflow.infer_program(layers, SMALL, capacity, shifts)
     dut = SampleEngine(SMALL)
     out = {}
 
@@ -87,8 +96,14 @@ def test_infer_matches_the_executor_and_the_golden_model(seed):
 
     run_testbench(dut, bench)
     assert not out["fault"]
-    assert out["preds"] == [int(v) for v in expect], (layers, batch)
+    assert out["preds"] == [int(v) for v in expect], (layers, batch, capacity)
     assert out["events"] == {name: counts[name] for name in EVENTS}
+    return out, phases, batch
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_infer_matches_the_executor_and_the_golden_model(seed):
+    out, phases, batch = check_infer(np.random.default_rng(seed))
     # the watchdog's bound: an inference's every term is exact but the writeback's wait
     bound = dataflow.program_cycle_bound(phases, SMALL, batch)
     assert out["cycles"] <= bound <= DENSE_BOUND_OVER * out["cycles"], (out["cycles"], bound)
@@ -255,35 +270,7 @@ def test_a_program_runs_every_batch_up_to_the_one_it_was_compiled_for(seed):
 def test_an_infer_program_runs_every_batch_up_to_the_one_it_was_compiled_for(seed):
     """An infer program compiled for a larger batch predicts a smaller one as the golden
     model does, with the events of a program compiled for it."""
-    rng = np.random.default_rng(600 + seed)
-    layers, batch, weights, shifts, x = random_case(rng, SMALL)
-    capacity = int(rng.integers(batch, SMALL.max_batch + 1))
-    while not fits(layers, SMALL, capacity):
-        layers = [max(2, v // 2) for v in layers]
-        weights = [w[:n, :k] for w, k, n in zip(weights, layers[:-1], layers[1:])]
-        x = x[:, :layers[0]]
-    g = golden.GoldenModel(SMALL)
-    g.configure(layers, shifts)
-    g.load_weights(weights)
-    expect = g.infer(x)
-    mem = dataflow.Memories(SMALL)
-    mem.load_network(layers, weights, batch)
-    mem.load_inputs(x)
-    counts, _ = dataflow.execute(dataflow.infer_program(layers, SMALL, batch, shifts), mem,
-                                 batch)
-    phases = dataflow.infer_program(layers, SMALL, capacity, shifts)
-    dut = SampleEngine(SMALL)
-    out = {}
-
-    async def bench(ctx):
-        out["preds"], out["events"], out["cycles"] = await load_and_run(
-            ctx, dut, dataflow.encode(phases, SMALL), layers, weights, batch, x, SMALL)
-        out["fault"] = ctx.get(dut.fault)
-
-    run_testbench(dut, bench)
-    assert not out["fault"]
-    assert out["preds"] == [int(v) for v in expect], (layers, batch, capacity)
-    assert out["events"] == {name: counts[name] for name in EVENTS}
+    out, phases, batch = check_infer(np.random.default_rng(600 + seed), larger=True)
     assert out["cycles"] <= dataflow.program_cycle_bound(phases, SMALL, batch)
 
 
