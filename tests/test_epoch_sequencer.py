@@ -1,9 +1,11 @@
 """The resident data unit's sequencer (hw/ember_hw/epoch.py) against its golden twin's
 semantics (ember.virtual.VirtualEngine._resident_command: ember.schedule.EpochSchedule's
 batches, a kept batch's seed 0 run as 1; the test split in batches of max_batch), in the
-Amaranth simulator. Real memories hold the data, the data labels and the schedule; the
-testbench plays the core: it checks every run's settings and the activation bytes and labels
-gathered for it, and answers with random run lengths, correct counts and predictions."""
+Amaranth simulator. Real memories hold the data (each sample on words of its own, padding
+random), the data labels and the schedule; the testbench plays the core: it checks every run's
+settings and the activation bytes and labels gathered for it, and answers with random run
+lengths, correct counts and predictions. The gather's timing is checked against the docstring's
+formula."""
 
 import gc
 import warnings
@@ -13,16 +15,23 @@ import numpy as np
 import pytest
 from amaranth.hdl import Elaboratable, Module, Signal, UnusedElaboratable
 from amaranth.lib.memory import Memory
+from amaranth.utils import ceil_log2
 
 from ember import spec
 from ember.schedule import EpochSchedule
 from ember_hw.epoch import DATA_WORD_BYTES, EpochSequencer
+from ember_hw.order import ORDER_LATENCY
 from ember_hw.sample_engine import SampleEngine
 
 from engine_harness import run_testbench
 
 #: Cycles a command may take in these tests before the testbench calls it hung.
 COMMAND_TIMEOUT = 100_000
+
+
+def sample_words(inputs):
+    """W: the data words of a sample of `inputs` bytes (each sample starts on a word)."""
+    return -(-inputs // DATA_WORD_BYTES)
 
 
 @dataclass
@@ -35,12 +44,17 @@ class Case:
     train_samples: int
     test_samples: int
     key: int
-    data: np.ndarray            # data_bytes bytes: sample i's input k at i * K + k
+    data: np.ndarray            # the data memory's bytes, 4 a word: sample i's input k at
+                                # 4 * W * i + k, every other byte padding
     labels: np.ndarray          # data_samples labels
     words: list                 # data_samples schedule words (past the epoch's: garbage)
 
     def epoch_batches(self):
         return -(-self.train_samples // self.batch)
+
+    def sample_bytes(self, sample):
+        start = DATA_WORD_BYTES * sample_words(self.inputs) * sample
+        return self.data[start:start + self.inputs]
 
 
 @dataclass
@@ -52,12 +66,26 @@ class Run:
     lfsr_seed: int
 
 
+@dataclass
+class RunTiming:
+    """A run as the testbench saw it, in cycles from its command's first cycle after the start
+    strobe: its core_start, the cycles of its act writes, and the cycle in which core_busy is
+    first low after it (f in the docstring)."""
+    run: Run
+    core_start: int
+    writes: list
+    end: int = None
+
+
 def draw_case(rng, lanes, inputs, max_batch, batch, train_samples, test_samples,
-              drop_chance=0.25, seed_zero_chance=0.2):
+              drop_chance=0.25, seed_zero_chance=0.2, extra_samples=None):
     """A random data set and schedule; layers below max_layers, so some schedule words carry
-    mask bits the sequencer must ignore."""
-    data_samples = train_samples + test_samples + int(rng.integers(0, 4))
-    data_bytes = data_samples * inputs + int(rng.integers(0, DATA_WORD_BYTES))
+    mask bits the sequencer must ignore. The data memory ends anywhere from the last sample's
+    last input to a word and more past it."""
+    extra = int(rng.integers(0, 4)) if extra_samples is None else extra_samples
+    data_samples = train_samples + test_samples + extra
+    sample_bytes = DATA_WORD_BYTES * sample_words(inputs)
+    data_bytes = (data_samples - 1) * sample_bytes + inputs + int(rng.integers(0, sample_bytes))
     build = spec.Build(name="epoch-test", dataflow="samples", lanes=lanes, max_batch=max_batch,
                        data_bytes=data_bytes, data_samples=data_samples,
                        features=spec.FEATURES)
@@ -69,9 +97,10 @@ def draw_case(rng, lanes, inputs, max_batch, batch, train_samples, test_samples,
         if rng.random() < drop_chance:
             word |= 1 << spec.SCHEDULE_DROP_BIT
         words.append(word)
+    memory_bytes = DATA_WORD_BYTES * -(-data_bytes // DATA_WORD_BYTES)
     return Case(build, inputs, batch, int(rng.integers(1, build.max_layers)), train_samples,
                 test_samples, int(rng.integers(0, 1 << spec.ORDER_KEY_BITS)),
-                rng.integers(0, 1 << spec.ACT_BITS, data_bytes),
+                rng.integers(0, 1 << spec.ACT_BITS, memory_bytes),
                 rng.integers(0, 1 << spec.LABEL_BITS, data_samples), words)
 
 
@@ -94,12 +123,13 @@ def expected_runs(case, epoch, evaluate):
 
 
 def gathered(case, run):
-    """The activation bytes (address -> byte) and labels (address -> label) the core should
-    hold for `run`: the batch's i-th sample in lane i % P of block i // P."""
+    """The activation bytes ((word, lane) -> byte) and labels (address -> label) the core
+    should hold for `run`: the batch's i-th sample's input k in word (i // P) * K + k of lane
+    i % P."""
     P, K = case.build.lanes, case.inputs
-    log_p = P.bit_length() - 1
-    acts = {(((i // P) * K + k) << log_p) | (i % P): int(case.data[sample * K + k])
-            for i, sample in enumerate(run.samples) for k in range(K)}
+    acts = {((i // P) * K + k, i % P): int(byte)
+            for i, sample in enumerate(run.samples)
+            for k, byte in enumerate(case.sample_bytes(sample))}
     labels = {} if run.infer else {i: int(case.labels[s]) for i, s in enumerate(run.samples)}
     return acts, labels
 
@@ -120,10 +150,9 @@ class SequencerHarness(Elaboratable):
         m = Module()
         m.submodules.seq = seq = self.seq
         case = self.case
-        data = np.zeros(self.seq.data_words * DATA_WORD_BYTES, dtype=np.int64)
-        data[:len(case.data)] = case.data
+        assert len(case.data) == seq.data_words * DATA_WORD_BYTES, "the case's memory size"
         data_words = [sum(int(b) << (spec.ACT_BITS * q) for q, b in enumerate(word))
-                      for word in data.reshape(-1, DATA_WORD_BYTES)]
+                      for word in case.data.reshape(-1, DATA_WORD_BYTES)]
         memories = (("data", spec.BUS_DATA_BITS, data_words, seq.data_rd_addr, seq.data_rd_data),
                     ("data_labels", spec.LABEL_BITS, [int(v) for v in case.labels],
                      seq.dlabel_rd_addr, seq.dlabel_rd_data),
@@ -148,8 +177,8 @@ class CoreStandIn:
         self.seq, self.case = harness.seq, harness.case
         self.correct = 0            # what `correct` and `test_correct` should read
         self.test_correct = 0
-        #: per run: (samples, first and last act write cycle), for the timing checks
-        self.write_spans = []
+        #: per command, its runs' RunTiming
+        self.timings = []
         case, seq = self.case, self.seq
         for port, value in ((seq.batch, case.batch), (seq.layers, case.layers),
                             (seq.inputs, case.inputs), (seq.train_samples, case.train_samples),
@@ -160,6 +189,26 @@ class CoreStandIn:
         seq = self.seq
         return tuple(self.ctx.get(p) for p in (seq.core_infer, seq.core_batch,
                                                seq.core_update_mask, seq.core_lfsr_seed))
+
+    def act_write(self, acts):
+        """Record this cycle's activation write in `acts` ((word, lane) -> byte), checking the
+        port's own rules; returns whether there was one."""
+        ctx, seq, P = self.ctx, self.seq, self.case.build.lanes
+        group = seq.group_lanes
+        mask, lane, word = ctx.get(seq.act_wr_mask), ctx.get(seq.act_wr_lane), \
+            ctx.get(seq.act_wr_addr)
+        assert ctx.get(seq.act_wr_en) == (mask != 0), f"act_wr_en against mask {mask:04b}"
+        assert ctx.get(seq.act_wr_count) == bin(mask).count("1"), f"count of mask {mask:04b}"
+        if not mask:
+            return False
+        assert mask < 1 << group and lane % group == 0, f"lanes {lane} mask {mask:04b}"
+        data = ctx.get(seq.act_wr_data)
+        for j in range(group):
+            if mask >> j & 1:
+                assert (word, lane + j) not in acts, f"word {word} of lane {lane + j} twice"
+                acts[word, lane + j] = data >> (spec.ACT_BITS * j) & ((1 << spec.ACT_BITS) - 1)
+        assert lane + group <= P
+        return True
 
     async def command(self, epoch, evaluate, stray_starts=0.0):
         """Start EPOCH and/or EVALUATE and play the core until busy falls; `stray_starts`:
@@ -173,7 +222,8 @@ class CoreStandIn:
         ctx.set(seq.start_evaluate, 0)
         self.correct = 0 if epoch else self.correct
         self.test_correct = 0 if evaluate else self.test_correct
-        acts, labels, writes = {}, {}, []
+        acts, labels, writes, timings = {}, {}, [], []
+        self.timings.append(timings)
         running, busy_left, held, run = False, 0, None, None
         predictions = rng.integers(0, 1 << spec.LABEL_BITS, 1 << len(seq.pred_rd_addr))
         for cycle in range(COMMAND_TIMEOUT):
@@ -181,8 +231,7 @@ class CoreStandIn:
                 break
             assert not running or not ctx.get(seq.act_wr_en), "act write while the core runs"
             assert not running or not ctx.get(seq.label_wr_en), "label write while the core runs"
-            if ctx.get(seq.act_wr_en):
-                acts[ctx.get(seq.act_wr_addr)] = ctx.get(seq.act_wr_data)
+            if self.act_write(acts):
                 writes.append(cycle)
             if ctx.get(seq.label_wr_en):
                 labels[ctx.get(seq.label_wr_addr)] = ctx.get(seq.label_wr_data)
@@ -198,8 +247,7 @@ class CoreStandIn:
                 expect = (int(run.infer), len(run.samples), run.update_mask, run.lfsr_seed)
                 assert held == expect, f"run (infer, batch, mask, seed) {held} != {expect}"
                 assert (acts, labels) == gathered(case, run), "gathered bytes or labels"
-                assert len(writes) == len(run.samples) * case.inputs, "act writes per byte"
-                self.write_spans.append((run, writes[0], writes[-1]))
+                timings.append(RunTiming(run, cycle, writes))
                 acts, labels, writes = {}, {}, []
                 running, busy_left = True, int(rng.integers(1, 6))
             pred_addr = ctx.get(seq.pred_rd_addr)
@@ -218,6 +266,7 @@ class CoreStandIn:
             elif running:
                 running = False
                 ctx.set(seq.core_busy, 0)
+                timings[-1].end = cycle + 1
                 size = len(run.samples)
                 if run.infer:
                     truth = case.labels[run.samples]
@@ -253,7 +302,7 @@ class CoreStandIn:
 def simulate(case, commands, seed, stray_starts=0.0, between=None):
     """Run `commands` ((epoch, evaluate) pairs) back to back on one sequencer; `between`:
     an async function (stand_in, command number) run before each command. Returns the
-    stand-in (its write_spans)."""
+    stand-in (its timings)."""
     harness = SequencerHarness(case)
     rng = np.random.default_rng(seed)
     result = {}
@@ -272,17 +321,20 @@ def simulate(case, commands, seed, stray_starts=0.0, between=None):
 
 def random_case(seed):
     rng = np.random.default_rng(seed)
-    lanes = (2, 4, 8)[seed % 3]
-    max_batch = int(rng.integers(1, 21))
+    lanes = (2, 4, 8, 32)[seed % 4]
+    # batches past 32 lanes in every other 32-lane case, so that they have a second block
+    max_batch = int(rng.integers(1, 41 if lanes == 32 and seed // 4 % 2 else 21))
     batch = int(rng.integers(1, max_batch + 1))
     full_batches = int(rng.integers(1, max(2, 96 // batch)))
     # a partial last batch unless every batch is one sample
     train = batch * full_batches + (int(rng.integers(1, batch)) if batch > 1 else 0)
     test = int(rng.integers(1, 2 * max_batch + 2))
-    return draw_case(rng, lanes, int(rng.integers(1, 41)), max_batch, batch, train, test)
+    # K % 4 = 1, 2, 3, 0 in turn over the seeds of one lane count
+    inputs = DATA_WORD_BYTES * int(rng.integers(0, 18)) + 1 + (seed // 4) % DATA_WORD_BYTES
+    return draw_case(rng, lanes, inputs, max_batch, batch, train, test)
 
 
-@pytest.mark.parametrize("seed", range(9))
+@pytest.mark.parametrize("seed", range(16))
 def test_random_commands_match_golden(seed):
     """Both commands in one start, each alone, and an epoch after an evaluation, with stray
     start strobes while busy (ignored)."""
@@ -293,7 +345,9 @@ def test_random_commands_match_golden(seed):
 @pytest.mark.parametrize("lanes, inputs, max_batch, batch, train, test", [
     (2, 1, 1, 1, 5, 3),          # one-sample batches, one-byte samples: the multiplier's pace
     (8, 37, 16, 16, 40, 17),     # blocks of 8, the last batch and the last test batch short
-    (4, 12, 6, 5, 23, 6),        # K = the multiplier's steps + 1: no bubble
+    (4, 6, 6, 5, 23, 6),         # a block of one group, the last a sample short
+    (32, 70, 40, 35, 70, 9),     # a second block of one group of 3; K % 4 = 2
+    (32, 4, 33, 33, 33, 1),      # a second block of one sample; one word a sample
 ])
 def test_edge_shapes_match_golden(lanes, inputs, max_batch, batch, train, test):
     rng = np.random.default_rng(lanes * 1000 + inputs)
@@ -318,42 +372,96 @@ def test_every_batch_dropped():
 
     stand_in = simulate(case, [(1, 0), (1, 1), (1, 0)], 21, between=between)
     batches = case.epoch_batches()
-    assert [run.infer for run, _, _ in stand_in.write_spans] == \
-        [False] * batches + [True] + [False] * batches
+    assert [[t.run.infer for t in runs] for runs in stand_in.timings] == \
+        [[False] * batches, [True], [False] * batches]
 
 
-@pytest.mark.parametrize("inputs", [3, 12, 30])
-def test_gather_takes_max_of_k_and_the_multiplier_per_sample(inputs):
-    """The docstring's rate: an evaluation batch's bytes go out one a cycle, a sample every
-    max(K, offset_steps + 1) cycles."""
-    rng = np.random.default_rng(inputs)
-    case = draw_case(rng, 8, inputs, 12, 12, 4, 30)
+def gather_timing(seq, inputs, size):
+    """The docstring's gather of a batch of `size` samples when its indices come in time:
+    (its first write cycle, its last, its core_start), counted from a (the cycle its first
+    index goes into the multiplier), and its write cycles."""
+    G, M = seq.group_lanes, seq.offset_steps
+    W = sample_words(inputs)
+    word_writes = [DATA_WORD_BYTES] * (W - 1) + [inputs - DATA_WORD_BYTES * (W - 1)]
+    groups = [min(G, size - p) for p in range(0, size, G)]
+    collected = 1 + groups[0] * (M + 1)                                  # h1 - a
+    last_collected = collected + sum(max(DATA_WORD_BYTES * W, r * (M + 1)) for r in groups[1:])
+    last_write = last_collected + DATA_WORD_BYTES * W + word_writes[-1] + 1
+    return collected + 6, last_write, last_write + 1, len(groups) * sum(word_writes)
+
+
+def check_timing(stand_in, commands):
+    """Every run's writes and core_start where the docstring puts them: a command's runs are
+    its batches, every one kept, and an epoch's order offers an index every cycle (n = 4**h)."""
+    seq, case = stand_in.seq, stand_in.case
+    for (epoch, _), runs in zip(commands, stand_in.timings):
+        # the start strobe in cycle -1; then an epoch's first index comes from the order, an
+        # evaluation's as it begins gathering
+        a = ORDER_LATENCY - 1 if epoch else 1
+        for t in runs:
+            size = len(t.run.samples)
+            first, last, start, writes = gather_timing(seq, case.inputs, size)
+            assert (t.writes[0] - a, t.writes[-1] - a, t.core_start - a, len(t.writes)) == \
+                (first, last, start, writes), (t.run.infer, size)
+            # after the run: the schedule word (an epoch's) or the comparison first
+            a = t.end + (size + 2 if t.run.infer else 3)
+
+
+@pytest.mark.parametrize("lanes, inputs, max_batch, test", [
+    (32, 64, 32, 70),       # writes set the pace (4W >= 4(M + 1)); the last group short
+    (4, 30, 12, 30),        # writes set the pace of full groups, not the last word's
+    (8, 3, 12, 30),         # one word a sample: the multiplier sets the pace
+    (2, 5, 7, 16),          # groups of two: the multiplier sets the pace
+    (2, 62, 5, 11),         # groups of two: the writes set the pace
+])
+def test_gather_timing_in_an_evaluation(lanes, inputs, max_batch, test):
+    rng = np.random.default_rng(lanes + inputs)
+    case = draw_case(rng, lanes, inputs, max_batch, max_batch, 4, test)
     stand_in = simulate(case, [(0, 1)], inputs)
-    period = max(inputs, stand_in.seq.offset_steps + 1)
-    for run, first, last in stand_in.write_spans:
-        assert last - first == (len(run.samples) - 1) * period + inputs - 1, (run.samples, period)
+    check_timing(stand_in, [(0, 1)])
+
+
+def test_gather_of_64_inputs_at_32_lanes():
+    """The docstring's figures for K = 64, B = 32, P = 32, M = 9: a write every cycle from a
+    batch's first to its last, and 562 cycles from f to core_start; in an epoch (n = 64 = 4**3,
+    so the order rejects no candidate) and in the evaluation after it (B - 1 later)."""
+    rng = np.random.default_rng(64)
+    case = draw_case(rng, 32, 64, 32, 32, 64, 200, drop_chance=0.0, extra_samples=0)
+    stand_in = simulate(case, [(1, 1)], 64)
+    assert stand_in.seq.offset_steps == 9
+    check_timing(stand_in, [(1, 1)])
+    runs = stand_in.timings[0]
+    for t in runs:
+        assert t.writes == list(range(t.writes[0], t.writes[0] + len(t.run.samples) * 16))
+    for previous, t in zip(runs, runs[1:]):
+        if len(t.run.samples) == 32:
+            # after an inference run the first index comes in f + B + 2, not f + 3
+            skew = len(previous.run.samples) - 1 if previous.run.infer else 0
+            assert t.core_start - previous.end == 562 + skew
 
 
 def test_ports_fit_the_core():
-    """The ports the shell wires to the v2 core have the core's widths (act_bytes 1000 is
-    no multiple of 8 lanes: the activation address is the core's, word then lane)."""
+    """The ports the shell wires to the v2 core have the core's widths; the activation word
+    addresses the core's activation memory (act_bytes 1000 is no multiple of 8 lanes)."""
     with warnings.catch_warnings():
         # built to compare their ports, never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
-        for lanes, act_bytes in ((2, 16384), (8, 1000)):
+        for lanes, act_bytes in ((2, 16384), (8, 1000), (32, 16384)):
             build = spec.Build(name="w", dataflow="samples", lanes=lanes, act_bytes=act_bytes,
                                max_batch=20, data_bytes=5000, data_samples=300,
                                features=spec.FEATURES)
             seq, core = EpochSequencer(build), SampleEngine(build, tally=False)
             for mine, theirs in (("core_batch", "batch"), ("core_update_mask", "update_mask"),
                                  ("core_lfsr_seed", "lfsr_seed"), ("core_correct", "correct"),
-                                 ("act_wr_addr", "act_wr_addr"),
-                                 ("act_wr_data", "act_wr_data"),
                                  ("label_wr_addr", "label_wr_addr"),
                                  ("label_wr_data", "label_wr_data"),
                                  ("pred_rd_addr", "pred_rd_addr"),
                                  ("pred_rd_data", "pred_rd_data")):
                 assert len(getattr(seq, mine)) == len(getattr(core, theirs)), (lanes, mine)
+            assert len(seq.act_wr_addr) == ceil_log2(core.act_words), lanes
+            assert 1 << len(seq.act_wr_lane) == lanes
+            assert seq.group_lanes == min(lanes, DATA_WORD_BYTES)
+            assert len(seq.act_wr_data) == DATA_WORD_BYTES * spec.ACT_BITS
         gc.collect()
 
 

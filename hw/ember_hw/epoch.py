@@ -16,7 +16,8 @@ one inference run (mask 0, seed 1), then the predictions are compared with the d
 ``test_correct`` counts the matches.
 
 ``EpochSequencer(build)``: ``build`` a ``spec.Build`` with the resident unit. Ports (sync domain;
-S = build.data_samples):
+S = build.data_samples, P = build.lanes, G = ``group_lanes`` = min(4, P), the lanes one
+activation write fills):
 
 - ``start_epoch``, ``start_evaluate`` In(1): one-cycle strobes, taken while idle (ignored while
   busy). Both in one cycle: the epoch, then the evaluation.
@@ -28,8 +29,9 @@ S = build.data_samples):
 - ``sched_rd_addr`` Out(range(S)), ``sched_rd_data`` In(32): the schedule memory, one word per
   mini-batch, data the cycle after the address.
 - ``data_rd_addr`` Out (a word of ceil(data_bytes / 4)), ``data_rd_data`` In(32): the data
-  memory; sample i's input k is data byte i * K + k, byte j in bits 8 * (j % 4) up of word
-  j // 4. One cycle latency.
+  memory, one cycle latency. Each sample starts on a word: sample i is the W = ceil(K / 4)
+  words i * W .. i * W + W - 1, its input k byte k % 4 (bits 8 * (k % 4) up) of word
+  i * W + k // 4. The bytes past K in its last word are padding, never written to the core.
 - ``dlabel_rd_addr`` Out(range(S)), ``dlabel_rd_data`` In(LABEL_BITS): sample i's label at
   address i. One cycle latency.
 - ``core_start`` Out(1): one-cycle strobe to the core; ``core_infer``, ``core_batch``,
@@ -37,49 +39,70 @@ S = build.data_samples):
   while the core is idle (from before ``core_start`` until ``core_busy`` has fallen).
 - ``core_busy`` In(1): rises the cycle after ``core_start``, falls when the run ends;
   ``core_correct`` In: taken in the first cycle ``core_busy`` is low after a training run.
-- ``act_wr_addr``, ``act_wr_data``, ``act_wr_en`` Out: one activation byte per cycle, only while
-  the core is idle; the batch's i-th sample's input k at ((s * K + k) << log2(P)) | lane with
-  s = i // P, lane = i % P (registers).
+- ``act_wr_addr`` Out(ceil_log2(act_bytes // P)), ``act_wr_data`` Out(4 * ACT_BITS),
+  ``act_wr_lane`` Out(log2(P)), ``act_wr_mask`` Out(4), ``act_wr_en`` Out(1),
+  ``act_wr_count`` Out(range(5)): one activation word a cycle for up to G lanes, only while the
+  core is idle (registers). The batch's i-th sample's input k belongs in word s * K + k of lane
+  i % P, s = i // P. A write puts word ``act_wr_addr`` of lane ``act_wr_lane`` + j (the lane a
+  multiple of G) to byte j (bits 8 * j up) of ``act_wr_data`` for each bit j set in
+  ``act_wr_mask``; ``act_wr_en`` is high when any is (the mask is 0 in the other cycles) and
+  ``act_wr_count`` is the mask's popcount, the bytes written (the shell's activation-write
+  events). With P = 2 a group is both lanes, and mask bits 2 and 3 are never set.
 - ``label_wr_addr``, ``label_wr_data``, ``label_wr_en`` Out: the epoch batch's i-th sample's
-  label at address i, written with that sample's first byte's cycle (registers).
+  label at address i, written two cycles after its index is taken (registers).
 - ``pred_rd_addr`` Out, ``pred_rd_data`` In: the core's predictions, one cycle latency.
 - ``correct`` Out(range(S + 1)): the epoch's trained samples classified right (cleared when an
   epoch starts); ``test_correct`` Out(range(S + 1)): the evaluation's (cleared when the
   evaluation begins, after the epoch when both were started).
 
-Gather: a sample's byte offset i * K comes from a serial shift-add multiplier
-(``ember_hw.serial_mul``) of M = ``offset_steps`` = min(index bits, K bits) steps (11 on a
-2048-sample build with max_width 1024). The multiplier starts on the next sample's index in the
-cycle the current sample begins, so the product is ready while the current sample's bytes go
-out. The activation addresses are running sums (no multiplication). One data byte is read
-and one activation byte written per cycle, so a gathered sample takes max(K, M + 1) cycles
-and a batch's writes span (size - 1) * max(K, M + 1) + K cycles when the indices come in
-time. In an evaluation they always do. In an epoch the order generator holds one index ready
-while a sample's bytes go out (its pipeline stops while that index waits); it has fewer than 4
-candidates per index on average, and each rejected one costs a cycle.
+Gather: a transpose of 4 x 4 bytes (a data word holds 4 inputs of one sample; an activation
+write holds one input of up to 4 samples). The batch's samples go in lane groups: slots p ..
+p + G - 1 (p a multiple of G; the batch's last group may be shorter), all in block s = p // P.
+For each word c = 0 .. W - 1 of the group's samples, the gather reads the group's word c one
+sample a cycle, in the last G of four read cycles (a short group's missing samples are read and
+ignored), and writes the activation words s * K + 4c + r for the inputs 4c + r below K, one a
+cycle, byte r of every sample's word to its lane: 4 writes, or R = K - 4(W - 1) for the last
+word. The first G - 1 words wait in a shift register; with the last they go to the drain, whose
+rows are written while the next word's are read, so a word takes 4 cycles and a group 4W.
+
+Offsets: sample i's first word i * W comes from a serial shift-add multiplier
+(``ember_hw.serial_mul``) of M = ``offset_steps`` = min(index bits, W bits) steps (9 on a
+2048-sample build with max_width 1024), one product per M + 1 cycles: an index goes in as the
+multiplier frees, and the products collect in the next group's G offsets; one more product
+waits in the multiplier while they are full. A group's reads begin in the cycle after its
+offsets are collected (G of them, or the batch's last) and its predecessor's reads have ended,
+so a group after the first follows its predecessor by T = max(4W, r(M + 1)) cycles (r its
+samples): its indices' order gaps and products hide behind the previous group's writes when
+4W >= r(M + 1), for K = 64 and M = 9 for instance.
 
 Per batch (cycle f: the one in which ``core_busy`` is seen low after the previous run): the
-schedule word is addressed in f + 1 and decoded in f + 2, the first index goes into the
-multiplier in f + 3, its first byte is addressed in f + M + 5 and written in f + M + 7, and
-``core_start`` comes the cycle after the batch's last write. So from f to the next
-``core_start`` takes M + 7 + the batch's write span (M + 7 + size * K for K > M). An epoch's
-first index comes ``order.ORDER_LATENCY`` cycles after the start. After an inference run the
-comparison takes cycles f + 1 .. f + B (a prediction and a data label read per cycle, the match
-counted in the next), and the next test batch's first index goes into the multiplier in
-f + B + 2. ``busy`` falls in f + 2 after an epoch's last run, and in f + B + 2 after an
-evaluation's. A dropped batch takes its indices one per cycle as the order offers them. A batch
-register of 0 (refused by the command check) ends the epoch at once.
+schedule word is addressed in f + 1 and decoded in f + 2, and the first index goes into the
+multiplier in a = f + 3 (when the order offers one). With g1 = min(G, size) the first group's
+samples, its offsets are collected in h1 = a + 1 + g1(M + 1) (its first read cycle is h1 + 1),
+its first write is on the ports in h1 + 6, and ``core_start`` comes the cycle after the batch's
+last write:
+a + g1(M + 1) + sum(T) + 4W + R + 3, the sum over the groups after the first. For K = 64,
+B = 32, P = 32, M = 9: T = 64, a write every cycle from the batch's first to its last (16
+cycles a sample), and f to ``core_start`` 6 + 40 + 7 * 64 + 64 + 4 = 562 cycles (17.6 a
+sample; 2066 with the byte-a-cycle gather this replaced). For K <= 4 (W = 1) the multiplier
+sets the pace, M + 1 cycles a sample: T = 4(M + 1) = 40 for a full group, and 6 + 40 + 7 * 40
++ 4 + K = 330 + K cycles from f for B = 32. In an evaluation the indices are always there. In
+an epoch the order generator holds one index ready while the multiplier works (its pipeline
+stops while that index waits) and offers the next in the cycle after a take unless it rejects
+candidates (fewer than 4 per index on average), a cycle each; a product is late only by what a
+run of more than M rejections adds, and its group only if that outlasts the slack
+4W - r(M + 1). An epoch's first index comes ``order.ORDER_LATENCY`` cycles after the start.
+After an inference run the comparison takes cycles f + 1 .. f + B (a prediction and a data
+label read per cycle, the match counted in the next), and the next test batch's first index
+goes into the multiplier in a = f + B + 2. ``busy`` falls in f + 2 after an epoch's last run,
+and in f + B + 2 after an evaluation's. A dropped batch takes its indices one per cycle as the
+order offers them. A batch register of 0 (refused by the command check) ends the epoch at once.
 
-Size (Yosys 0.70 from YoWASP, ``rtlil.convert(EpochSequencer(build), name="epoch_sequencer")``,
-``synth_ice40 -noabc -top epoch_sequencer; stat``, the order generator and the multiplier
-included) for ``Build(lanes=8, data_bytes=131072, data_samples=2048, features=FEATURES,
-dataflow="samples")``: 952 SB_LUT4, 418 flip-flops (331 SB_DFFESR, 87 SB_DFFSR), 220 SB_CARRY.
-These come from Yosys's built-in LUT mapping (``-noabc``), which gives ``SampleOrder`` 253
-SB_LUT4 where abc9 gives 215; abc9 could not be run where these were measured.
+Size: to be measured.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
@@ -88,8 +111,11 @@ from ember import spec
 from .order import SampleOrder
 from .serial_mul import SerialMultiplier
 
-#: Data bytes (inputs) in one word of the data memory.
+#: Data bytes (inputs) in one word of the data memory, and so the most lanes one activation
+#: write fills: the gather transposes squares of this many bytes.
 DATA_WORD_BYTES = spec.BUS_DATA_BITS // spec.ACT_BITS
+#: Read cycles per word of a lane group's samples, and write cycles per word at most.
+WORD_CYCLES = DATA_WORD_BYTES
 
 
 class EpochSequencer(wiring.Component):
@@ -106,8 +132,12 @@ class EpochSequencer(wiring.Component):
         self.build = build
         P = build.lanes
         self.lane_bits = exact_log2(P)
+        #: G: the lanes of one activation write (a lane group); P is a multiple of it.
+        self.group_lanes = min(DATA_WORD_BYTES, P)
         self.data_words = -(-build.data_bytes // DATA_WORD_BYTES)
-        # as SampleEngine's act_wr_addr: a word of act_bytes // P, then the lane
+        #: The most data words one sample takes: W for K = max_width.
+        self.max_sample_words = -(-build.max_width // DATA_WORD_BYTES)
+        # as SampleEngine's activation memory: a word of act_bytes // P in each lane
         self.act_word_bits = ceil_log2(build.act_bytes // P)
         batch_slot = ceil_log2(build.max_batch)
         super().__init__({
@@ -133,9 +163,12 @@ class EpochSequencer(wiring.Component):
             "core_lfsr_seed": Out(spec.SCHEDULE_SEED_BITS),
             "core_busy": In(1),
             "core_correct": In(range(build.max_batch + 1)),
-            "act_wr_addr": Out(self.act_word_bits + self.lane_bits),
-            "act_wr_data": Out(spec.ACT_BITS),
+            "act_wr_addr": Out(self.act_word_bits),
+            "act_wr_data": Out(DATA_WORD_BYTES * spec.ACT_BITS),
+            "act_wr_lane": Out(self.lane_bits),
+            "act_wr_mask": Out(DATA_WORD_BYTES),
             "act_wr_en": Out(1),
+            "act_wr_count": Out(range(DATA_WORD_BYTES + 1)),
             "label_wr_addr": Out(batch_slot),
             "label_wr_data": Out(spec.LABEL_BITS),
             "label_wr_en": Out(1),
@@ -145,8 +178,10 @@ class EpochSequencer(wiring.Component):
             "test_correct": Out(range(build.data_samples + 1)),
         })
         self.order = SampleOrder(max_samples=build.data_samples)
-        #: The multiplier's steps for a sample's byte offset i * K: its narrower operand's bits.
-        self.offset_steps = min(len(self.order.indices.payload), len(self.inputs))
+        #: W = ceil(K / 4), the data words of a sample, from ``inputs``.
+        self.sample_words = Signal(range(self.max_sample_words + 1))
+        #: The multiplier's steps for a sample's word offset i * W: its narrower operand's bits.
+        self.offset_steps = min(len(self.order.indices.payload), len(self.sample_words))
 
     def elaborate(self, platform):
         m = Module()
@@ -179,95 +214,173 @@ class EpochSequencer(wiring.Component):
             with m.If(self.core_infer):
                 m.d.sync += self.test_next.eq(self.test_next + 1)
 
-        gather_done = self._gather(m, index_shape)
+        m.d.comb += self.sample_words.eq((self.inputs + DATA_WORD_BYTES - 1)
+                                         >> exact_log2(DATA_WORD_BYTES))
+        self.gathering_batch = Signal()       # set by the sequencer while a batch is gathered
+        # the cycle a collected group's offsets go to the reads
+        handoff = Signal()
+        collect_busy, group_ready, collected, offsets = self._collect(m, index_shape, handoff)
+        reading, group_read_end, landing, landed_words = self._read(m, handoff, collected,
+                                                                    offsets)
+        m.d.comb += handoff.eq(group_ready & (~reading | group_read_end))
+        write_busy = self._write(m, landing, landed_words)
+        read_busy = reading | landing.arrives
+        # the last write is on the ports in this cycle: the core may start in the next
+        gather_done = ~(collect_busy | read_busy | write_busy)
         compare_done = self._compare(m)
         self._sequence(m, order, gather_done, compare_done)
         return m
 
-    def _gather(self, m, index_shape):
-        """The gather datapath: the batch's samples' bytes into the activation memory and, in
-        an epoch, their labels into the label memory. Returns the signal that is high once
-        every sample of the batch is written (the core may start)."""
-        bld = self.build
-        K = self.inputs
-        index_bits, inputs_bits = index_shape.width, len(K)
+    def _collect(self, m, index_shape, handoff):
+        """The batch's indices into the offset multiplier, one as it frees, and their word
+        offsets into the next group's buffer, which ``handoff`` empties into the reads (a
+        product landing in that cycle goes to its first place); in an epoch, each sample's
+        label into the label memory. Returns (busy: an index or offset not yet handed off,
+        group ready to hand off, offsets collected, the offsets)."""
+        G = self.group_lanes
+        W = self.sample_words
+        index_bits, words_bits = index_shape.width, len(W)
         # the narrower operand is shifted out a bit per step (offset_steps)
-        if index_bits <= inputs_bits:
-            m.submodules.offset_mul = mul = SerialMultiplier(inputs_bits, index_bits)
-            m.d.comb += [mul.a.eq(K), mul.b.eq(self.source_index)]
+        if index_bits <= words_bits:
+            m.submodules.offset_mul = mul = SerialMultiplier(words_bits, index_bits)
+            m.d.comb += [mul.a.eq(W), mul.b.eq(self.source_index)]
         else:
-            m.submodules.offset_mul = mul = SerialMultiplier(index_bits, inputs_bits)
-            m.d.comb += [mul.a.eq(self.source_index), mul.b.eq(K)]
+            m.submodules.offset_mul = mul = SerialMultiplier(index_bits, words_bits)
+            m.d.comb += [mul.a.eq(self.source_index), mul.b.eq(W)]
 
-        self.gathering_batch = Signal()       # set by the sequencer while a batch is gathered
-        byte_bits = ceil_log2(self.data_words) + exact_log2(DATA_WORD_BYTES)
-        # the next sample: its index taken and its byte offset in the multiplier
-        next_pending = Signal()
-        next_index = Signal(index_shape)
-        # the sample whose bytes are going out
-        sending = Signal()
-        sample_index = Signal(index_shape)
-        byte_addr = Signal(byte_bits)
-        input_index = Signal(range(bld.max_width))
-        slot = Signal(range(bld.max_batch + 1))       # the sample's place in the batch
-        lane = Signal(self.lane_bits)                 # slot % P
-        block_word = Signal(self.act_word_bits)       # s * K of the sample's block s
-        act_word = Signal(self.act_word_bits)         # s * K + k
-        # the read stage: what the data and label read of the previous cycle are for
-        read_byte = Signal()
-        read_label = Signal()
-        read_byte_lane = Signal(exact_log2(DATA_WORD_BYTES))
-        read_act_addr = Signal.like(self.act_wr_addr)
-        read_slot = Signal.like(self.label_wr_addr)
-
-        last_byte = sending & (input_index == K - 1)
-        begin = (~sending | last_byte) & next_pending & mul.done
+        multiplying = Signal()                # a product not yet in the buffer (or under way)
+        collected = Signal(range(G + 1))
+        offsets = [Signal.like(self.data_rd_addr, name=f"collected{j}_offset") for j in range(G)]
+        place = Mux(handoff, 0, collected)    # where a product landing in this cycle goes
+        lands = multiplying & mul.done & ((collected != G) | handoff)
         m.d.comb += [
             self.fetch.eq(self.gathering_batch & self.source_valid & (self.to_fetch != 0)
-                          & (~next_pending | begin)),
+                          & (~multiplying | lands)),
             mul.start.eq(self.fetch),
-            self.data_rd_addr.eq(byte_addr[exact_log2(DATA_WORD_BYTES):]),
         ]
-        with m.If(self.fetch):
-            m.d.sync += [next_pending.eq(1), next_index.eq(self.source_index)]
-        with m.Elif(begin):
-            m.d.sync += next_pending.eq(0)
+        m.d.sync += [multiplying.eq(self.fetch | (multiplying & ~lands)),
+                     collected.eq(place + lands)]
+        with m.If(lands):
+            for j, offset in enumerate(offsets):
+                with m.If(place == j):
+                    m.d.sync += offset.eq(mul.product)
+        # full, or the batch's last: every index taken and its product in
+        group_ready = (collected == G) | ((collected != 0) & (self.to_fetch == 0) & ~multiplying)
 
-        m.d.sync += [read_byte.eq(sending), read_label.eq(sending & (input_index == 0)
-                                                          & ~self.core_infer)]
-        with m.If(sending):
-            m.d.sync += [
-                read_byte_lane.eq(byte_addr),
-                read_act_addr.eq(Cat(lane, act_word)),
-                read_slot.eq(slot),
-                byte_addr.eq(byte_addr + 1),
-                input_index.eq(input_index + 1),
-                act_word.eq(act_word + 1),
-            ]
-            with m.If(last_byte):
-                m.d.sync += [input_index.eq(0), slot.eq(slot + 1), lane.eq(lane + 1),
-                             sending.eq(0), act_word.eq(block_word)]
-                with m.If(lane == bld.lanes - 1):
-                    m.d.sync += [block_word.eq(block_word + K), act_word.eq(block_word + K)]
-        with m.If(begin):
-            m.d.sync += [sending.eq(1), sample_index.eq(next_index), byte_addr.eq(mul.product)]
-        with m.If(~self.gathering_batch):
-            # between batches: the next batch's first sample goes to lane 0 of block 0
-            m.d.sync += [slot.eq(0), lane.eq(0), block_word.eq(0), act_word.eq(0),
-                         input_index.eq(0)]
-
-        # the write stage: registered writes, the cycle after the reads
+        # the label of the index taken in this cycle: read in this cycle, written in the next
+        label_read = Signal()
+        label_read_slot = Signal.like(self.label_wr_addr)
         m.d.sync += [
-            self.act_wr_en.eq(read_byte),
-            self.act_wr_addr.eq(read_act_addr),
-            self.act_wr_data.eq(self.data_rd_data.word_select(read_byte_lane, spec.ACT_BITS)),
-            self.label_wr_en.eq(read_label),
-            self.label_wr_addr.eq(read_slot),
+            label_read.eq(self.fetch & ~self.core_infer),
+            label_read_slot.eq(self.core_batch - self.to_fetch),
+            self.label_wr_en.eq(label_read),
+            self.label_wr_addr.eq(label_read_slot),
             self.label_wr_data.eq(self.dlabel_rd_data),
         ]
-        self.sample_label_addr = sample_index
-        # the last write is on the ports in this cycle: the core may start in the next
-        return ~(next_pending | sending | read_byte | (self.to_fetch != 0))
+        self.sample_label_addr = self.source_index
+        busy = multiplying | (collected != 0) | (self.to_fetch != 0)
+        return busy, group_ready, collected, offsets
+
+    def _read(self, m, handoff, collected, offsets):
+        """The reads of the group handed off (``collected`` samples at ``offsets``): word c of
+        each of its samples, one a cycle in the last G of WORD_CYCLES cycles, for c = 0 ..
+        W - 1. Returns (reading: a group's reads under way, the cycle of its last read, the
+        landing: high in the cycle after each c's last read, with the write settings of the
+        words then landed, and those words: the group's word c, sample j in the j-th)."""
+        G = self.group_lanes
+        K, W = self.inputs, self.sample_words
+        reading = Signal()
+        # sample read_cycle - (WORD_CYCLES - G) of the group is read in this cycle (its lowest
+        # bits, as WORD_CYCLES - G is a multiple of G)
+        read_cycle = Signal(exact_log2(WORD_CYCLES))
+        sample_word = Signal(range(self.max_sample_words))    # c: the samples' word being read
+        group_offsets = [Signal.like(offset, name=f"group{j}_offset")
+                         for j, offset in enumerate(offsets)]
+        group_samples = Signal(range(G + 1))
+        group_lane = Signal(self.lane_bits)               # the group's first lane, p % P
+        word_act_addr = Signal(self.act_word_bits)        # s * K + 4c
+        # where the next group goes: its first lane and its block's first word s * K
+        next_lane = Signal(self.lane_bits)
+        next_block_word = Signal(self.act_word_bits)
+
+        last_word = sample_word == W - 1
+        word_read_end = reading & (read_cycle == WORD_CYCLES - 1)
+        group_read_end = word_read_end & last_word
+        m.d.comb += self.data_rd_addr.eq(
+            Array(group_offsets)[read_cycle[:exact_log2(G)]] + sample_word)
+
+        with m.If(reading):
+            m.d.sync += read_cycle.eq(read_cycle + 1)
+            with m.If(word_read_end):
+                m.d.sync += [sample_word.eq(sample_word + 1),
+                             word_act_addr.eq(word_act_addr + DATA_WORD_BYTES)]
+                with m.If(last_word):
+                    m.d.sync += reading.eq(0)
+        with m.If(handoff):
+            m.d.sync += [reading.eq(1), read_cycle.eq(0), sample_word.eq(0),
+                         group_samples.eq(collected), group_lane.eq(next_lane),
+                         word_act_addr.eq(next_block_word), next_lane.eq(next_lane + G),
+                         [g.eq(o) for g, o in zip(group_offsets, offsets)]]
+            with m.If(next_lane == self.build.lanes - G):
+                m.d.sync += next_block_word.eq(next_block_word + K)
+        with m.If(~self.gathering_batch):
+            # between batches: the next batch's first sample goes to lane 0 of block 0
+            m.d.sync += [next_lane.eq(0), next_block_word.eq(0)]
+
+        # the words arrive the cycle after their reads: the first G - 1 of c wait in a shift
+        # register, the last lands with them
+        word_arrives = Signal()
+        waiting = [Signal(spec.BUS_DATA_BITS, name=f"waiting{j}_word") for j in range(G - 1)]
+        m.d.sync += word_arrives.eq(reading & (read_cycle >= WORD_CYCLES - G))
+        with m.If(word_arrives):
+            m.d.sync += [w.eq(n) for w, n in zip(waiting, waiting[1:] + [self.data_rd_data])]
+        landing = Signal(data.StructLayout({
+            "arrives": 1,
+            "act_addr": self.act_word_bits,
+            "lane": self.lane_bits,
+            "samples": range(G + 1),
+            "rows": range(DATA_WORD_BYTES + 1),       # the inputs 4c .. 4c + 3 below K
+        }))
+        m.d.sync += landing.arrives.eq(word_read_end)
+        with m.If(word_read_end):
+            m.d.sync += [
+                landing.act_addr.eq(word_act_addr),
+                landing.lane.eq(group_lane),
+                landing.samples.eq(group_samples),
+                landing.rows.eq(Mux(last_word, (K - 1)[:exact_log2(DATA_WORD_BYTES)] + 1,
+                                    DATA_WORD_BYTES)),
+            ]
+        return reading, group_read_end, landing, waiting + [self.data_rd_data]
+
+    def _write(self, m, landing, words):
+        """The activation writes: in a landing cycle the first row (input 4c) of the landed
+        ``words``, then their other rows from the drain, one a cycle. Returns the signal that
+        is high while rows are left to write after this cycle's."""
+        row_bits = spec.BUS_DATA_BITS - spec.ACT_BITS
+        # the rows not yet written, row 1 in the low byte
+        drain = [Signal(row_bits, name=f"drain{j}_rows") for j in range(len(words))]
+        rows_left = Signal(range(DATA_WORD_BYTES))
+        with m.If(landing.arrives):
+            m.d.sync += [
+                [d.eq(w[spec.ACT_BITS:]) for d, w in zip(drain, words)],
+                rows_left.eq(landing.rows - 1),
+                self.act_wr_en.eq(1),
+                self.act_wr_addr.eq(landing.act_addr),
+                self.act_wr_lane.eq(landing.lane),
+                self.act_wr_mask.eq(Cat(landing.samples > j for j in range(DATA_WORD_BYTES))),
+                self.act_wr_count.eq(landing.samples),
+                self.act_wr_data.eq(Cat(w[:spec.ACT_BITS] for w in words)),
+            ]
+        with m.Elif(rows_left != 0):
+            m.d.sync += [
+                [d.eq(d[spec.ACT_BITS:]) for d in drain],
+                rows_left.eq(rows_left - 1),
+                self.act_wr_addr.eq(self.act_wr_addr + 1),
+                self.act_wr_data.eq(Cat(d[:spec.ACT_BITS] for d in drain)),
+            ]
+        with m.Else():
+            m.d.sync += [self.act_wr_en.eq(0), self.act_wr_mask.eq(0), self.act_wr_count.eq(0)]
+        return rows_left != 0
 
     def _compare(self, m):
         """After an inference run: prediction j against the data label of the batch's sample
