@@ -62,8 +62,9 @@ For each word c = 0 .. W - 1 of the group's samples, the gather reads the group'
 sample a cycle, in the last G of four read cycles (a short group's missing samples are read and
 ignored), and writes the activation words s * K + 4c + r for the inputs 4c + r below K, one a
 cycle, byte r of every sample's word to its lane: 4 writes, or R = K - 4(W - 1) for the last
-word. The first G - 1 words wait in a shift register; with the last they go to the drain, whose
-rows are written while the next word's are read, so a word takes 4 cycles and a group 4W.
+word. The first G - 1 words wait in a shift register; in the cycle the last arrives, row 0
+(input 4c) is written from them and the other rows go to a drain, written a row a cycle while
+the next word c + 1 is read. So a word takes 4 cycles and a group 4W.
 
 Offsets: sample i's first word i * W comes from a serial shift-add multiplier
 (``ember_hw.serial_mul``) of M = ``offset_steps`` = min(index bits, W bits) steps (9 on a
@@ -71,34 +72,44 @@ Offsets: sample i's first word i * W comes from a serial shift-add multiplier
 multiplier frees, and the products collect in the next group's G offsets; one more product
 waits in the multiplier while they are full. A group's reads begin in the cycle after its
 offsets are collected (G of them, or the batch's last) and its predecessor's reads have ended,
-so a group after the first follows its predecessor by T = max(4W, r(M + 1)) cycles (r its
-samples): its indices' order gaps and products hide behind the previous group's writes when
-4W >= r(M + 1), for K = 64 and M = 9 for instance.
+so a group after the first begins T = max(4W, r(M + 1)) cycles after its predecessor (r its
+samples): its indices and products hide behind the previous group's reads and writes when
+4W >= r(M + 1), as for K >= 37 at M = 9.
 
 Per batch (cycle f: the one in which ``core_busy`` is seen low after the previous run): the
 schedule word is addressed in f + 1 and decoded in f + 2, and the first index goes into the
 multiplier in a = f + 3 (when the order offers one). With g1 = min(G, size) the first group's
-samples, its offsets are collected in h1 = a + 1 + g1(M + 1) (its first read cycle is h1 + 1),
-its first write is on the ports in h1 + 6, and ``core_start`` comes the cycle after the batch's
-last write:
-a + g1(M + 1) + sum(T) + 4W + R + 3, the sum over the groups after the first. For K = 64,
-B = 32, P = 32, M = 9: T = 64, a write every cycle from the batch's first to its last (16
-cycles a sample), and f to ``core_start`` 6 + 40 + 7 * 64 + 64 + 4 = 562 cycles (17.6 a
-sample; 2066 with the byte-a-cycle gather this replaced). For K <= 4 (W = 1) the multiplier
-sets the pace, M + 1 cycles a sample: T = 4(M + 1) = 40 for a full group, and 6 + 40 + 7 * 40
-+ 4 + K = 330 + K cycles from f for B = 32. In an evaluation the indices are always there. In
-an epoch the order generator holds one index ready while the multiplier works (its pipeline
-stops while that index waits) and offers the next in the cycle after a take unless it rejects
-candidates (fewer than 4 per index on average), a cycle each; a product is late only by what a
-run of more than M rejections adds, and its group only if that outlasts the slack
-4W - r(M + 1). An epoch's first index comes ``order.ORDER_LATENCY`` cycles after the start.
-After an inference run the comparison takes cycles f + 1 .. f + B (a prediction and a data
-label read per cycle, the match counted in the next), and the next test batch's first index
-goes into the multiplier in a = f + B + 2. ``busy`` falls in f + 2 after an epoch's last run,
-and in f + B + 2 after an evaluation's. A dropped batch takes its indices one per cycle as the
-order offers them. A batch register of 0 (refused by the command check) ends the epoch at once.
+samples, its offsets are collected in h1 = a + 1 + g1(M + 1), its reads begin in h1 + 1, its
+first write is on the ports in h1 + 6, and ``core_start`` comes the cycle after the batch's
+last write, in a + g1(M + 1) + sum(T) + 4W + R + 3 (the sum over the groups after the first).
 
-Size: to be measured.
+- K = 64, B = 32, P = 32, M = 9: T = 64 cycles a group (16 a sample), a write in every cycle
+  from the batch's first to its last, and f to ``core_start`` 6 + 40 + 7 * 64 + 64 + 4 = 562
+  cycles (17.6 a sample; 2066 with the byte-a-cycle gather this one replaced).
+- K <= 4 (W = 1), B = 32, M = 9: the multiplier sets the pace, M + 1 = 10 cycles a sample:
+  T = 40 a group, and f to ``core_start`` 6 + 40 + 7 * 40 + 4 + K = 330 + K cycles.
+
+In an evaluation the indices are always there. In an epoch the order generator holds one index
+ready while the multiplier works (its pipeline stops while that index waits) and offers the
+next in the cycle after a take, a cycle later for each candidate it rejects (fewer than 4 per
+index on average): a product is late only when more than M candidates in a row are rejected,
+and a group only when its products' delays add up to more than 4W - r(M + 1). An epoch's first
+index comes ``order.ORDER_LATENCY`` cycles after the start. After an inference run the
+comparison takes cycles f + 1 .. f + B (a prediction and a data label read per cycle, the
+match counted in the next), and the next test batch's first index goes into the multiplier in
+a = f + B + 2. ``busy`` falls in f + 2 after an epoch's last run, and in f + B + 2 after an
+evaluation's. A dropped batch takes its indices one per cycle as the order offers them. A
+batch register of 0 (refused by the command check) ends the epoch at once.
+
+Size (Yosys 0.70 from YoWASP, ``rtlil.convert(EpochSequencer(build), name="epoch_sequencer")``,
+``synth_ice40 -noabc -top epoch_sequencer; stat``, the order generator and the multiplier
+included) for ``Build(lanes=8, data_bytes=131072, data_samples=2048, features=FEATURES,
+dataflow="samples")``: 1150 SB_LUT4, 719 flip-flops (549 SB_DFFESR, 170 SB_DFFSR), 233
+SB_CARRY (the byte-a-cycle gather: 952, 418, 220); at lanes=32, 1143 SB_LUT4 and the same
+flip-flops. Most of the new flip-flops hold the transposed words (192: the waiting shift
+register and the drain) and two groups' offsets (120). These come from Yosys's built-in LUT
+mapping (``-noabc``), which gives ``SampleOrder`` 253 SB_LUT4 where abc9 gives 215; abc9
+could not be run where these were measured.
 """
 
 from amaranth.hdl import Array, Cat, Module, Mux, Signal
@@ -328,12 +339,10 @@ class EpochSequencer(wiring.Component):
             m.d.sync += [next_lane.eq(0), next_block_word.eq(0)]
 
         # the words arrive the cycle after their reads: the first G - 1 of c wait in a shift
-        # register, the last lands with them
-        word_arrives = Signal()
+        # register that takes every cycle's read word (so it holds the last G - 1 read when
+        # the last word lands with them)
         waiting = [Signal(spec.BUS_DATA_BITS, name=f"waiting{j}_word") for j in range(G - 1)]
-        m.d.sync += word_arrives.eq(reading & (read_cycle >= WORD_CYCLES - G))
-        with m.If(word_arrives):
-            m.d.sync += [w.eq(n) for w, n in zip(waiting, waiting[1:] + [self.data_rd_data])]
+        m.d.sync += [w.eq(n) for w, n in zip(waiting, waiting[1:] + [self.data_rd_data])]
         landing = Signal(data.StructLayout({
             "arrives": 1,
             "act_addr": self.act_word_bits,
