@@ -72,13 +72,14 @@ def without_link(counters):
 
 def test_training_over_a_noisy_link_ends_like_a_clean_run(digits):
     cfg = policies.make_config("all", ssprop_variant="random", epochs=2, seed=2)
-    clean = Trainer(ModelDevice(), digits, cfg, progress=False).run()
+    # streamed, so that many frames cross the noisy link
+    clean = Trainer(ModelDevice(), digits, cfg, progress=False, resident="off").run()
     port = NoisyPort(VirtualPort(VirtualEngine(spec.DEFAULT_BUILD)), seed=11)
     # the virtual engine answers at once: a frame not answered by now never will be
     link = Link(port, retries=20, timeout=0.02)
     dev = EngineDevice(link, "model")
     dev.command_timeout = 0.02
-    noisy = Trainer(dev, digits, cfg, progress=False).run()
+    noisy = Trainer(dev, digits, cfg, progress=False, resident="off").run()
     for kind in ("flip_request", "flip_response", "drop_request", "drop_response",
                  "duplicate"):
         assert port.faults[kind] >= 2, port.faults
@@ -258,7 +259,7 @@ def test_cli_reports_a_dead_link_without_a_traceback(monkeypatch, capsys):
                         "6 attempts (last: no response within 0.6 s)", "no_response", 7)
 
     monkeypatch.setattr(device.EngineDevice, "train_batch", dead)
-    assert cli.main(["train", "--quiet", "--epochs", "1"]) == 3
+    assert cli.main(["train", "--quiet", "--epochs", "1", "--resident", "off"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("ember: link error: read of 1 words at 0x000011 failed")
     assert "Traceback" not in err

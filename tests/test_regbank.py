@@ -20,9 +20,9 @@ SMALL = spec.Build(name="small", lanes=4, weight_words=256, act_bytes=512, grad_
 LEAN = dataclasses.replace(SMALL, name="lean", features=("zero_skip", "slu"))
 #: engine v2 at SMALL's sizes: its command check asks the shell's program checker
 SMALL_V2 = dataclasses.replace(SMALL, name="small-v2", dataflow="samples")
-#: engine v2 with every unit and a small resident data memory: 100 input bytes, 20 samples
+#: engine v2 with every unit and a small resident data memory: 160 input bytes, 20 samples
 RESIDENT = dataclasses.replace(SMALL_V2, name="resident", features=spec.FEATURES,
-                               data_bytes=100, data_samples=20)
+                               data_bytes=160, data_samples=20)
 _STATUS_NAME = {v: k for k, v in spec.LINK_STATUS.items()}
 
 
@@ -522,7 +522,8 @@ def test_epoch_and_evaluate_are_checked_like_the_model():
     reg, field = regmap.reg, regmap.layer_field
     net = regmap.descriptor_writes([5, 6, 3], RESIDENT, 4)
     # (what, writes before, label words, CONTROL word, the program checker's verdict, the
-    #  bank's verdict); RESIDENT holds 100 bytes and 20 samples
+    #  bank's verdict); RESIDENT holds 160 bytes and 20 samples, and a sample of K inputs
+    #  takes K rounded up to a multiple of 4 bytes (spec.sample_data_bytes)
     steps = [
         ("no network", [], 0, EPOCH, True, "layers"),
         ("no batch", [(reg("layers"), 2)], 0, EPOCH | EVALUATE, True, "batch"),
@@ -533,20 +534,20 @@ def test_epoch_and_evaluate_are_checked_like_the_model():
         ("epoch needs none", [(reg("train_samples"), 12)], 0, EPOCH, True, "passed"),
         ("still no test split", [], 0, EVALUATE, True, "data"),
         ("nor for both", [], 0, EPOCH | EVALUATE, True, "data"),
-        # 20 samples x 5 inputs: both limits exactly
+        # 20 samples x 5 inputs (8 bytes): both limits exactly
         ("evaluate", [(reg("test_samples"), 8)], 0, EVALUATE, True, "passed"),
         ("both, and a clear", [], 0, EPOCH | EVALUATE | CLEAR, True, "passed"),
         ("program refused", [], 0, EPOCH, False, "program"),
-        # 21 samples, 105 bytes: data is checked before the program
+        # 21 samples, 168 bytes: data is checked before the program
         ("21 samples", [(reg("test_samples"), 9)], 0, EPOCH | CLEAR, False, "data"),
         # 4 inputs (unloads): 21 samples in 84 bytes, then 20 in 80
         ("past data_samples only", [(field(0, "inputs"), 4), (reg("train_samples"), 12),
                                     (reg("test_samples"), 9)], 0, EPOCH, True, "data"),
         ("20 samples of 4", [(reg("test_samples"), 8)], 0, EPOCH | EVALUATE, True, "passed"),
-        # 6 inputs (unloads): 17 samples in 102 bytes, then 16 in 96
-        ("past data_bytes only", [(field(0, "inputs"), 6), (reg("train_samples"), 10),
-                                  (reg("test_samples"), 7)], 0, EVALUATE, True, "data"),
-        ("96 bytes", [(reg("test_samples"), 6)], 0, EVALUATE, True, "passed"),
+        # 9 inputs (unloads): 14 samples in 168 bytes, then 13 in 156
+        ("past data_bytes only", [(field(0, "inputs"), 9), (reg("train_samples"), 10),
+                                  (reg("test_samples"), 4)], 0, EVALUATE, True, "data"),
+        ("156 bytes", [(reg("test_samples"), 3)], 0, EVALUATE, True, "passed"),
         # the network is checked before the data
         ("broken chain", [(field(1, "inputs"), 7)], 0, EPOCH, True, "chain"),
         ("chain again", [(field(1, "inputs"), 6)], 0, EPOCH, True, "passed"),
@@ -737,7 +738,8 @@ def test_a_build_without_the_unit_just_acknowledges_epoch_bits(build):
 
 
 def test_a_command_waits_for_the_splits_measure():
-    """(TRAIN_SAMPLES + TEST_SAMPLES) x layer 0's inputs is measured after each write of them:
+    """(TRAIN_SAMPLES + TEST_SAMPLES) x layer 0's inputs (padded to a data word) is measured
+    after each write of them:
     a resident command right after such a write waits for the measure (a serial product of
     layer 0's input bits), so its verdict is the new values'. On a build without the
     command_check unit the data check is the only one that takes time."""
@@ -749,26 +751,28 @@ def test_a_command_waits_for_the_splits_measure():
 
     async def bench(ctx):
         drv = BankDriver(ctx, dut)
-        for addr, value in regmap.descriptor_writes([6, 3], build, 4):
+        for addr, value in regmap.descriptor_writes([9, 3], build, 4):
             await both(drv, twin, addr, value)
-        # 17 samples x 6 inputs = 102 bytes: only the product is past the memory; then 96
-        for name, count in (("train_samples", 10), ("test_samples", 7), ("test_samples", 6)):
+        # 14 samples x 9 inputs (12 bytes each) = 168 bytes: only the product is past the
+        # memory; then 156
+        for name, count in (("train_samples", 10), ("test_samples", 4), ("test_samples", 3)):
             await both(drv, twin, regmap.reg(name), count)
             got = await run_command(drv, EVALUATE)
             seen.append((name, count, got["answer"], got["cycles"],
                          twin_verdict(twin, EVALUATE)))
         # long after the last write: answered at once
         got = await run_command(drv, EVALUATE)
-        seen.append(("again", 6, got["answer"], got["cycles"], twin_verdict(twin, EVALUATE)))
+        seen.append(("again", 3, got["answer"], got["cycles"], twin_verdict(twin, EVALUATE)))
 
     run_testbench(dut, bench)
     # the write's answer, the driver's idle cycle, then the product's bits of layer 0's
-    # inputs (the multiplier starts the cycle after the write, done bits + 1 cycles later)
-    measure = len(dut.inputs0)
+    # inputs padded to a word (the multiplier starts the cycle after the write, done
+    # bits + 2 cycles later)
+    measure = len(dut.inputs0) + 1
     assert seen == [("train_samples", 10, "bad_value", measure, "data"),
-                    ("test_samples", 7, "bad_value", measure, "data"),
-                    ("test_samples", 6, "ok", measure, "passed"),
-                    ("again", 6, "ok", 0, "passed")]
+                    ("test_samples", 4, "bad_value", measure, "data"),
+                    ("test_samples", 3, "ok", measure, "passed"),
+                    ("again", 3, "ok", 0, "passed")]
 
 
 def test_without_the_abort_unit_an_epoch_is_answered_when_it_ends():

@@ -132,7 +132,8 @@ def test_bad_resident_input_is_refused_before_anything_changes(digits):
     weights = dev.read_weights()
     x, y = digits.x_train, digits.y_train
     with pytest.raises(ConfigError, match=r"the splits need 131,136 bytes and 2,049 labels "
-                                          r"\(1,438 training \+ 611 test samples x 64 inputs\); "
+                                          r"\(1,438 training \+ 611 test samples x 64 bytes, the inputs padded "
+                                          r"to a word\); "
                                           r"build 'sim' holds 131,072 bytes"):
         dev.load_data(x, y, np.concatenate([digits.x_test] * 2)[:611],
                       np.concatenate([digits.y_test] * 2)[:611])

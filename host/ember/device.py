@@ -383,13 +383,13 @@ class EngineDevice(Device):
         else:
             x_test, y_test = golden.check_batch(self.layers, self.build, x_test, y_test,
                                                 spec.ORDER_MAX_SAMPLES, "test split")
-        samples, width = len(x_train) + len(x_test), self.layers[0]
+        samples, width = len(x_train) + len(x_test), spec.sample_data_bytes(self.layers[0])
         b = self.build
         if samples * width > b.data_bytes or samples > b.data_samples:
             raise ConfigError(
                 f"the splits need {samples * width:,} bytes and {samples:,} labels "
                 f"({len(x_train):,} training + {len(x_test):,} test samples x {width} "
-                f"inputs); build '{b.name}' holds {b.data_bytes:,} bytes and "
+                f"bytes, the inputs padded to a word); build '{b.name}' holds {b.data_bytes:,} bytes and "
                 f"{b.data_samples:,} labels of resident data. Stream the batches instead "
                 "(--resident off), or load the training split alone")
         # unloaded while the words change, so a failed upload is never taken for data

@@ -186,8 +186,12 @@ def batch_writes(x, y=None, build=None):
 
 def data_writes(x, y):
     """Writes of resident samples (docs/protocol.md section 11): their input bytes to the data
-    region (sample i's byte k at byte i * K + k) and their labels to data_labels, as bursts."""
-    return [(region("data"), pack_bytes(x)), (region("data_labels"), pack_halves(y))]
+    region (sample i's input k at byte i * spec.sample_data_bytes(K) + k: each sample padded
+    with zeros to a whole word) and their labels to data_labels, as bursts."""
+    x = np.asarray(x)
+    padded = np.zeros((len(x), spec.sample_data_bytes(x.shape[1])), dtype=np.int64)
+    padded[:, :x.shape[1]] = x
+    return [(region("data"), pack_bytes(padded)), (region("data_labels"), pack_halves(y))]
 
 
 def schedule_writes(words):

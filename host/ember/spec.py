@@ -447,14 +447,19 @@ def with_dataflow(build, dataflow):
     """`build` on the other engine (DATAFLOWS), named "<name>-<dataflow>": its sizes and units,
     and on engine v2 with weight_spram its weights cut to fit one SPRAM (v2 keeps every weight
     in one SB_SPRAM256KA: weight_words * lanes <= SPRAM_WORDS). The board builds' and the
-    simulated board's --dataflow."""
+    simulated board's --dataflow. Engine v1 has no resident data unit: a build's is left
+    out on v1."""
     if dataflow == build.dataflow:
         return build
     words = build.weight_words
     if build.weight_spram and dataflow == "samples":
         words = min(words, SPRAM_WORDS // build.lanes)
+    resident = {}
+    if dataflow != "samples" and "resident" in build.features:
+        resident = dict(features=tuple(f for f in build.features if f != "resident"),
+                        data_bytes=0, data_samples=0)
     return replace(build, name=f"{build.name}-{dataflow}", dataflow=dataflow,
-                   weight_words=words)
+                   weight_words=words, **resident)
 
 DEFAULT_BUILD = BUILDS["sim"]
 #: The boards with a top in ember_boards (ember_boards.<board>); BUILDS[board] is each one's
@@ -795,6 +800,17 @@ def check_command(build, regs, layer_fields, train, labels_written):
     return None
 
 
+#: Input bytes per word of the resident data memory: a sample starts on a word.
+DATA_WORD_BYTES = BUS_DATA_BITS // ACT_BITS
+
+
+def sample_data_bytes(inputs):
+    """The bytes one resident sample of `inputs` inputs takes in the data memory: its inputs
+    padded to a whole word (docs/protocol.md section 11), so that the gather reads four of
+    its inputs per data word."""
+    return DATA_WORD_BYTES * -(-inputs // DATA_WORD_BYTES)
+
+
 def check_resident(build, regs, layer_fields, epoch, evaluate):
     """The first of COMMAND_CHECKS an EPOCH (`epoch` true) and/or EVALUATE (`evaluate`)
     command fails, or None: an infer command's checks of the network and batch
@@ -808,7 +824,8 @@ def check_resident(build, regs, layer_fields, epoch, evaluate):
     if epoch and n_train == 0 or evaluate and n_test == 0:
         return "data"
     samples = n_train + n_test
-    if samples * layer_fields[0]["inputs"] > build.data_bytes or samples > build.data_samples:
+    if (samples * sample_data_bytes(layer_fields[0]["inputs"]) > build.data_bytes
+            or samples > build.data_samples):
         return "data"
     return None
 

@@ -133,8 +133,10 @@ def resident_plan(mode, ds, layers, build):
         return False, False
     has_unit = "resident" in build.features
 
+    per_sample = spec.sample_data_bytes(layers[0])
+
     def fits(samples):
-        return samples * layers[0] <= build.data_bytes and samples <= build.data_samples
+        return samples * per_sample <= build.data_bytes and samples <= build.data_samples
 
     n_train, n_test = len(ds.x_train), len(ds.x_test)
     if mode == "on" and not has_unit:
@@ -142,9 +144,9 @@ def resident_plan(mode, ds, layers, build):
                           f"(its units: {', '.join(build.features)}); use --resident auto or "
                           "off to stream the batches")
     if mode == "on" and not fits(n_train):
-        raise ConfigError(f"--resident on: the training split needs {n_train * layers[0]:,} "
-                          f"bytes and {n_train:,} labels ({n_train:,} samples x {layers[0]} "
-                          f"inputs); build '{build.name}' holds {build.data_bytes:,} bytes and "
+        raise ConfigError(f"--resident on: the training split needs {n_train * per_sample:,} "
+                          f"bytes and {n_train:,} labels ({n_train:,} samples x {per_sample} "
+                          f"bytes); build '{build.name}' holds {build.data_bytes:,} bytes and "
                           f"{build.data_samples:,} labels of resident data; use --resident "
                           "off to stream the batches")
     train = has_unit and fits(n_train)

@@ -391,7 +391,9 @@ class VirtualEngine:
         layers, _ = self._network()
         wbase = self._load_model()
         K, n_train = layers[0], self.regs["train_samples"]
-        x = self.data[:(n_train + self.regs["test_samples"]) * K].reshape(-1, K)
+        # each sample padded to a whole word (spec.sample_data_bytes)
+        stride = spec.sample_data_bytes(K)
+        x = self.data[:(n_train + self.regs["test_samples"]) * stride].reshape(-1, stride)[:, :K]
         if epoch:
             batch = self.regs["batch"]
             words = [int(w) for w in self.schedule[:-(-n_train // batch)]]

@@ -79,10 +79,11 @@ golden twin is VirtualEngine's ``_control``, ``_resident_command`` and ``_keep_d
 - CONTROL with EPOCH and/or EVALUATE, and neither TRAIN nor INFER, is a command like train:
   the infer command's checks (StepCheck with train 0), then "data" (an EPOCH needs
   TRAIN_SAMPLES > 0, an EVALUATE TEST_SAMPLES > 0, and (TRAIN_SAMPLES + TEST_SAMPLES) x
-  layer 0's inputs must fit data_bytes, TRAIN_SAMPLES + TEST_SAMPLES data_samples), then the
-  program check; the first failure is REJECTED. That product is measured by a serial
-  multiplier, started the cycle after a write of TRAIN_SAMPLES or TEST_SAMPLES or a change
-  of shape and done (bits of layer 0's inputs) + 1 cycles later; a command waits for it;
+  layer 0's inputs padded to a data word (spec.sample_data_bytes) must fit data_bytes,
+  TRAIN_SAMPLES + TEST_SAMPLES data_samples), then the program check; the first failure is
+  REJECTED. That product is measured by a serial multiplier, started the cycle after a
+  write of TRAIN_SAMPLES or TEST_SAMPLES or a change of shape and done (bits of layer 0's
+  inputs) + 2 cycles later; a command waits for it;
 - a write that changes layer 0's inputs or the class count unloads the splits (TRAIN_SAMPLES
   and TEST_SAMPLES become 0, the cycle after the new value is in its register): the stored
   bytes and labels were checked for the old ones. A write of the same value changes nothing.
@@ -95,6 +96,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from ember import spec
 
@@ -229,13 +231,18 @@ class RegisterBank(wiring.Component):
         # each cycle, and a command waits the few cycles of a measure
         samples = Signal(range(2 * bld.data_samples + 1))
         m.d.comb += samples.eq(n_train + n_test)
-        m.submodules.data_extent = extent = SerialMultiplier(len(samples), len(inputs0))
+        m.submodules.data_extent = extent = SerialMultiplier(len(samples), len(inputs0) + 1)
         samples_written = Signal()
         remeasure = Signal()
         m.d.sync += remeasure.eq(samples_written | shape_moved)
         data_measured = Signal()
         data_fits = Signal()
-        m.d.comb += [extent.start.eq(remeasure), extent.a.eq(samples), extent.b.eq(inputs0),
+        # a sample takes its inputs padded to a whole data word (spec.sample_data_bytes)
+        word_shift = exact_log2(spec.DATA_WORD_BYTES)
+        padded = Signal(len(inputs0) + 1)
+        m.d.comb += padded.eq(((inputs0 + spec.DATA_WORD_BYTES - 1) >> word_shift)
+                              << word_shift)
+        m.d.comb += [extent.start.eq(remeasure), extent.a.eq(samples), extent.b.eq(padded),
                      data_measured.eq(~shape_moved & ~remeasure & extent.done),
                      data_fits.eq((extent.product <= bld.data_bytes)
                                   & (samples <= bld.data_samples))]

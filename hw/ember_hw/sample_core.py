@@ -44,7 +44,7 @@ from .epoch import EpochSequencer
 from .memwindow import SampleWindow, data_words
 from .program_check import ProgramCheck
 from .regbank import RegisterBank
-from .sample_engine import SampleEngine, event_bounds
+from .sample_engine import GATHER_LANES, SampleEngine, event_bounds
 from .serial_mul import SerialMultiplier
 from .stopper import CommandStop
 
@@ -289,11 +289,12 @@ class SampleCore(wiring.Component):
                      seq.core_busy.eq(core.busy), seq.core_correct.eq(core.correct),
                      seq.pred_rd_data.eq(core.pred_rd_data),
                      regs.test_correct.eq(seq.test_correct)]
+        # the gather writes up to GATHER_LANES lanes of an activation word a cycle
+        m.d.comb += [core.gather_word.eq(seq.act_wr_addr), core.gather_data.eq(seq.act_wr_data),
+                     core.gather_lane.eq(seq.act_wr_lane), core.gather_mask.eq(seq.act_wr_mask),
+                     core.gather_en.eq(seq.act_wr_en)]
         with m.If(seq.busy):
-            m.d.comb += [core.act_wr_addr.eq(seq.act_wr_addr),
-                         core.act_wr_data.eq(seq.act_wr_data),
-                         core.act_wr_en.eq(seq.act_wr_en),
-                         core.label_wr_addr.eq(seq.label_wr_addr),
+            m.d.comb += [core.label_wr_addr.eq(seq.label_wr_addr),
                          core.label_wr_data.eq(seq.label_wr_data),
                          core.label_wr_en.eq(seq.label_wr_en),
                          core.pred_rd_addr.eq(seq.pred_rd_addr)]
@@ -311,7 +312,9 @@ class SampleCore(wiring.Component):
         """The event counters: the core's events, the link's bytes, the window's input bytes
         and the busy cycles by phase kind."""
         bounds = event_bounds(self.build)
-        bounds["act_writes"] += 1                       # the window's, while idle
+        # the window's byte, or the resident data unit's gather of up to GATHER_LANES
+        # bytes, while idle
+        bounds["act_writes"] += GATHER_LANES if self.seq is not None else 1
         bounds.update({name: 1 for name in spec.COUNTERS if name not in bounds})
         m.submodules.counters = counters = CounterFile({n: bounds[n] for n in spec.COUNTERS})
         inc = counters.inc
@@ -319,7 +322,9 @@ class SampleCore(wiring.Component):
             m.d.comb += getattr(inc, name).eq(getattr(core.inc, name))
         # input bytes written by the window, or by the resident data unit's gather (never
         # both: the window is idle while a command runs), count as the core's own writes
-        written = win.act_wr_en | (self.seq.act_wr_en if self.seq else 0)
+        written = win.act_wr_en if self.seq is None else Mux(self.seq.busy,
+                                                               self.seq.act_wr_count,
+                                                               win.act_wr_en)
         m.d.comb += [inc.act_writes.eq(core.inc.act_writes + written),
                      inc.link_rx_bytes.eq(self.link_rx), inc.link_tx_bytes.eq(self.link_tx),
                      inc.cycles.eq(self.running)]

@@ -22,6 +22,11 @@ when v2 replaces v1, the memory window and register bank) drives the ports below
                 lr_shift, zero_skip, psg, psg_relative, psg_tau, psg_step_shift, keep_q8,
                 ssprop_random, lfsr_seed. Held from start to the end of the run.
   correct:      Out -- samples the loss phases classified right in the last run.
+  gather_word, gather_data, gather_lane, gather_mask, gather_en: In -- (the resident data
+                unit's gather, ember_hw.epoch) write up to GATHER_LANES lanes of activation
+                word gather_word in one cycle, while idle: lane gather_lane + j (gather_lane
+                a multiple of GATHER_LANES) takes byte j of gather_data where mask bit j is
+                set.
   prog_wr_*, w_wr_*, act_wr_*, label_wr_*: In -- write a program word, a weight, an
                 activation byte (at word * P + lane) or a label, while idle.
   w_rd_addr: In; w_rd_data: Out -- a weight, the cycle after its address (while idle).
@@ -118,6 +123,10 @@ from .serial_mul import SerialMultiplier
 from .weights import WeightMemory
 from .writeback import ForwardWriteback
 
+#: Lanes of one activation word the gather's port writes in a cycle: the bytes of one data
+#: word of the resident data memory (ember_hw.epoch's 4 x 4 transpose).
+GATHER_LANES = spec.DATA_WORD_BYTES
+
 #: The events the core counts (the link's and the cycle counters are the shell's).
 EVENTS = tuple(c for c in spec.EXACT_COUNTERS if not c.startswith("link_"))
 
@@ -203,6 +212,11 @@ class SampleEngine(wiring.Component):
             "act_wr_addr": In(a_bits + self.logp),
             "act_wr_data": In(spec.ACT_BITS),
             "act_wr_en": In(1),
+            "gather_word": In(a_bits),
+            "gather_data": In(GATHER_LANES * spec.ACT_BITS),
+            "gather_lane": In(max(1, self.logp)),
+            "gather_mask": In(GATHER_LANES),
+            "gather_en": In(1),
             "label_wr_addr": In(ceil_log2(build.max_batch)),
             "label_wr_data": In(spec.LABEL_BITS),
             "label_wr_en": In(1),
@@ -288,6 +302,14 @@ class SampleEngine(wiring.Component):
                          s.amem.wr.data.eq(self.act_wr_data.replicate(P)),
                          s.amem.wr.en.eq(Mux(self.act_wr_en,
                                              Const(1, P) << self.act_wr_addr[:LOGP], 0))]
+            with m.If(self.gather_en):
+                # lanes gather_lane .. + GATHER_LANES - 1 of one word: lane p takes byte
+                # p % GATHER_LANES (on 2 lanes, the low two bytes)
+                group = min(P, GATHER_LANES)
+                m.d.comb += [s.amem.wr.addr.eq(self.gather_word),
+                             s.amem.wr.data.eq(self.gather_data[:group * spec.ACT_BITS]
+                                               .replicate(P // group)),
+                             s.amem.wr.en.eq((self.gather_mask[:group] << self.gather_lane)[:P])]
 
     # ---------------------------------------------------------------- the phase's registers
     def _phase_registers(self, m, s):
