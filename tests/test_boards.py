@@ -233,7 +233,7 @@ def test_build_report_names_the_units_built(tmp_path):
     assert report["features"] == ["zero_skip", "slu"]
     assert report["build"] == "ulx3s" and report["lanes"] == 32
     full, _ = board_build.build("ulx3s", tmp_path, run_tools=False)
-    assert full["features"] == list(spec.DEFAULT_FEATURES)
+    assert full["features"] == list(spec.FEATURES)             # resident data included
     # the iCEBreaker's own build leaves out PSG and ssProp (the UP5K's size)
     ice, _ = board_build.build("icebreaker", tmp_path, run_tools=False)
     assert ice["features"] == ["zero_skip", "slu"] and ice["lanes"] == 2
@@ -254,3 +254,10 @@ def test_implied_throughput_arithmetic():
     assert fast["link_samples_per_s"] == 4166.7               # 300,000 bytes/s / 72
     assert fast["streaming_samples_per_s"] == 3846.2
     assert implied(figures, 20.0, baud=10**9)["bound_by"] == "engine"
+    # with the resident unit: its cycles (the gather in them) and the epoch's link bytes
+    held = dict(figures, resident_cycles_per_train_sample=440.0,
+                resident_link_bytes_per_train_sample=0.3)
+    r = implied(held, 20.0, baud=3_000_000)
+    # 1 / (440 / 20e6 + 0.3 * 10 / 3e6) = 1 / (22 + 1) us
+    assert r["resident_samples_per_s"] == 43478.3
+    assert r["resident_of_engine"] == round(43478.3 / 50_000, 3)

@@ -18,8 +18,8 @@ from ember_sim import rtl
 
 #: the sim build: its resident data memory holds the digits (1,797 samples x 64 bytes)
 RESIDENT = spec.BUILDS["sim"]
-#: an engine v2 build without the unit
-PLAIN = spec.BUILDS["ulx3s"]
+#: a build without the unit
+PLAIN = spec.BUILDS["v1"]
 LINK = ("link_rx_bytes", "link_tx_bytes")
 
 
@@ -70,7 +70,7 @@ def test_auto_streams_on_a_build_without_the_unit_and_keeps_what_fits(digits):
     with pytest.raises(ConfigError, match=r"needs 92,032 bytes and 1,438 labels .* holds "
                                           r"131,072 bytes and 1,000 labels"):
         resident_plan("on", digits, layers, small)
-    with pytest.raises(ConfigError, match="build 'ulx3s' has no resident data memory"):
+    with pytest.raises(ConfigError, match="build 'v1' has no resident data memory"):
         resident_plan("on", digits, layers, PLAIN)
     # the training split alone resident, the test split streamed: still the same run
     r = _train(digits, "auto", epochs=2, build=train_only)
@@ -156,7 +156,7 @@ def test_bad_resident_input_is_refused_before_anything_changes(digits):
     assert [np.array_equal(a, b) for a, b in zip(dev.read_weights(), weights)] == [True, True]
     # a build without the unit
     plain = _device(build=PLAIN)
-    with pytest.raises(ConfigError, match="build 'ulx3s' has no resident data memory"):
+    with pytest.raises(ConfigError, match="build 'v1' has no resident data memory"):
         plain.load_data(x, y)
 
 
@@ -231,7 +231,8 @@ def test_the_build_description_reads_the_data_memory():
     assert info["data_bytes"] == 1 << 17 and info["data_samples"] == 2048
     assert "resident" in info["features"]
     assert spec.read_only_values(PLAIN)["data_bytes"] == 0
-    assert [name for name, b in spec.BUILDS.items() if "resident" in b.features] == ["sim"]
+    assert [name for name, b in spec.BUILDS.items() if "resident" in b.features] == \
+        ["sim", "ulx3s"]
     with pytest.raises(ConfigError, match="resident data needs engine v2"):
         dataclasses.replace(spec.BUILDS["v1"], features=spec.FEATURES, data_bytes=1,
                             data_samples=1)
@@ -239,11 +240,11 @@ def test_the_build_description_reads_the_data_memory():
 
 def test_the_cli_refuses_resident_on_where_it_cannot_run(capsys):
     from ember import cli
-    for args in (["--resident", "on", "--epochs", "1", "--build", "ulx3s"],
+    for args in (["--resident", "on", "--epochs", "1", "--build", "v1"],
                  ["--resident", "on", "--boards", "2", "--epochs", "1"]):
         assert cli.main(["train", "--backend", "model", "--quiet", *args]) == 2
     err = capsys.readouterr().err
-    assert "--resident on: build 'ulx3s' has no resident data memory" in err
+    assert "--resident on: build 'v1' has no resident data memory" in err
     assert "a fleet (--boards, --ports) streams its batches" in err
 
 

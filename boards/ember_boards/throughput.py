@@ -17,8 +17,13 @@ Figures:
                            engine's add up (the host sends a batch, the engine trains on
                            it, the host reads the answer; nothing overlaps yet). The USB
                            bridge's latency per transfer is not in it;
-  resident_samples_per_s   training on data held in the board's memory: null, since no build
-                           has resident data yet (issue 16, item 1);
+  resident_samples_per_s   training on data held in the board's memory (a build with the
+                           resident unit; null on one without): one dense epoch of the
+                           digits' training split on the simulated board, its cycles per
+                           sample with the device's gather and each batch's overhead, and
+                           its link bytes (the schedule and the command; not the upload,
+                           once per run) at the baud, in turn;
+  resident_link_bytes_per_train_sample, resident_cycles_per_train_sample: behind it;
   baud_error               the UART's real rate (clock / divisor) relative to the baud, minus 1.
 """
 
@@ -38,8 +43,11 @@ def throughput(board, report=None, batches=2):
     """The throughput figures of `board` (module docstring), as a dict."""
     build = spec.BUILDS[board]
     batch = min(32, build.max_batch)
-    figures = bench.dense_engine_figures(data.load_digits(), batches=batches, build=build,
+    digits = data.load_digits()
+    figures = bench.dense_engine_figures(digits, batches=batches, build=build,
                                          batch_size=batch)
+    if "resident" in build.features:
+        figures.update(bench.dense_resident_figures(digits, build, batch_size=batch))
     clock_mhz, source = build.clock_hz / 1e6, "PLL target (spec.BUILDS)"
     if report and Path(report).exists():
         r = json.loads(Path(report).read_text())
@@ -79,7 +87,22 @@ def implied(figures, clock_mhz, baud):
         "streaming_samples_per_s": round(1 / (1 / engine_rate + 1 / link_rate), 1),
         "resident_samples_per_s": None,
         "bound_by": "link" if link_rate < engine_rate else "engine",
+        **resident(figures, clock_mhz, baud, engine_rate),
     }
+
+
+def resident(figures, clock_mhz, baud, engine_rate):
+    """The resident figures (module docstring) of a build with the unit, else
+    resident_samples_per_s None."""
+    if "resident_cycles_per_train_sample" not in figures:
+        return {"resident_samples_per_s": None}
+    cycles = figures["resident_cycles_per_train_sample"]
+    link_bytes = figures["resident_link_bytes_per_train_sample"]
+    rate = 1 / (cycles / (clock_mhz * 1e6) + link_bytes * spec.UART_FRAME_BITS / baud)
+    return {"resident_cycles_per_train_sample": round(cycles, 1),
+            "resident_link_bytes_per_train_sample": round(link_bytes, 3),
+            "resident_samples_per_s": round(rate, 1),
+            "resident_of_engine": round(rate / engine_rate, 3)}
 
 
 def _summary(r):
@@ -92,7 +115,10 @@ def _summary(r):
         f"{r['link_bytes_per_train_sample']} bytes per sample",
         f"  samples/s: engine {r['engine_samples_per_s']}, link {r['link_samples_per_s']}, "
         f"streaming {r['streaming_samples_per_s']} (bound by the {r['bound_by']}), "
-        "resident " + (str(resident) if resident is not None else "n/a (no resident data yet)"),
+        "resident " + (f"{resident} ({r['resident_of_engine']:.1%} of the engine's; "
+                       f"{r['resident_cycles_per_train_sample']} cycles and "
+                       f"{r['resident_link_bytes_per_train_sample']} link bytes per sample)"
+                       if resident is not None else "n/a (the build has no resident data)"),
     ])
 
 
@@ -106,8 +132,8 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object: engine_samples_per_s, link_samples_per_s, "
-                         "streaming_samples_per_s, resident_samples_per_s (null until a "
-                         "build holds resident data), baud, baud_error and the figures "
+                         "streaming_samples_per_s, resident_samples_per_s (null on a "
+                         "build without resident data), baud, baud_error and the figures "
                          "behind them")
     args = ap.parse_args(argv)
     report = args.report or f"build/{args.board}/report.json"

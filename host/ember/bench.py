@@ -155,6 +155,30 @@ def dense_engine_figures(ds, batches=3, build=None, batch_size=32):
     }
 
 
+def dense_resident_figures(ds, build, batch_size=32):
+    """One dense epoch (SGD, every layer, no skipping) of 64-32-10 over the digits' training
+    split held in the simulated board's resident data memory (engine build `build`, which
+    has the resident unit): the cycles per training sample with the device's own gather and
+    every batch's overhead, and the link bytes per training sample of the epoch (its
+    schedule and command; the upload, once per run, is not in it)."""
+    from .schedule import EpochSchedule
+    layers, n = [64, 32, 10], len(ds.x_train)
+    batches = -(-n // batch_size)
+    with open_device("sim", build=build, simulator="verilator") as dev:
+        dev.configure(layers)
+        dev.load_weights(golden.init_weights(layers, 0))
+        dev.load_data(ds.x_train, ds.y_train)
+        dev.prepare_epochs(batch_size)
+        dev.clear_counters()
+        dev.train_epoch(EpochSchedule(0x5EED, n, batch_size, spec.StepSettings(),
+                                      (False,) * batches, ((True,) * 2,) * batches,
+                                      (1,) * batches))
+        c = dev.take_counters()
+    return {"resident_cycles_per_train_sample": c["cycles"] / c["samples"],
+            "resident_link_bytes_per_train_sample":
+                (c["link_rx_bytes"] + c["link_tx_bytes"]) / c["samples"]}
+
+
 def engine_v2_figures(build=None, batch=32):
     """Engine v2's core (not on a build yet) on the dense step of 64-32-10: its cycles,
     utilization and reads (ember_sim.sample_core.figures), and the dense step's energy per

@@ -402,24 +402,16 @@ class EngineDevice(Device):
                           (regmap.reg("test_samples"), len(x_test))])
         self._resident = (len(x_train), len(x_test))
 
-    def _resident_watchdog(self):
-        """The watchdog's limit for EPOCH and EVALUATE, which it applies to each core run
-        (docs/protocol.md section 10): the most cycles a train run at the batch register's
-        size or an infer run of max_batch samples can take."""
-        b = self.build
-        bound = max(spec.command_cycle_bound(b, self.layers, self._batch, True),
-                    spec.command_cycle_bound(b, self.layers, b.max_batch, False))
-        return min(bound, b.settings()["watchdog"].hi)
-
     def prepare_epochs(self, batch_size, psg_relative=False):
         """Write what train_epoch at `batch_size` and evaluate_resident will run (engine v2:
         the train program for the batch size and the infer program for max_batch, side by
-        side), so that an epoch's link bytes are the same whichever epoch it is. They would
-        otherwise be written by the first epoch and evaluation. Nothing is written on a
-        build without the resident unit."""
+        side), and the descriptors for the batch size, so that an epoch's link bytes are the
+        same whichever epoch it is. They would otherwise be written by the first epoch and
+        evaluation. Nothing is written on a build without the resident unit."""
         self._need_config()
         if "resident" not in self.build.features:
             return
+        self._write_descriptors(batch_size)
         self._write_program("train", batch_size, psg_relative)
         self._write_program("infer", self.build.max_batch, beside=True)
 
@@ -447,13 +439,11 @@ class EngineDevice(Device):
         for mask, dropped in zip(schedule.masks, schedule.drops):
             if not dropped:
                 replace(schedule.settings, update_mask=mask).check(n_layers, self.build)
-        # written for every epoch, so that an epoch's link bytes do not depend on what ran
-        # before it (a resumed run's first epoch is then byte for byte the straight run's)
-        self._batch = None
+        # (the descriptors are prepare_epochs' already: an epoch's link bytes do not depend
+        # on what ran before it, and a resumed run's first epoch is the straight run's)
         self._write_descriptors(schedule.batch_size)
         self._write_runs(regmap.settings_writes(schedule.settings, n_layers)
-                         + [(regmap.reg("epoch_key"), schedule.key),
-                            (regmap.reg("watchdog"), self._resident_watchdog())])
+                         + [(regmap.reg("epoch_key"), schedule.key)])
         # one program for the epoch's batches and its short last one (engine v2)
         self._write_program("train", schedule.batch_size,
                             schedule.settings.psg and schedule.settings.psg_relative)
@@ -467,7 +457,6 @@ class EngineDevice(Device):
         infer_all), in one command; returns how many samples it classified correctly."""
         self._need_data("test")
         self._write_descriptors(self._batch or self.build.max_batch)
-        self._write_runs([(regmap.reg("watchdog"), self._resident_watchdog())])
         # the evaluation's batches are max_batch and its remainder: one program for both
         self._write_program("infer", self.build.max_batch, beside=True)
         self._run(spec.CONTROL_EVALUATE)

@@ -57,6 +57,10 @@ def descriptor_writes(layers, build, batch, shifts=None):
     # the watchdog's limit: the most cycles a command of this network and batch can take,
     # whatever its settings (a build without the watchdog unit drops the write)
     bound = max(spec.command_cycle_bound(build, layers, batch, train) for train in (True, False))
+    if "resident" in build.features:
+        # EVALUATE's runs infer max_batch samples (the watchdog limits each run: section 11)
+        bound = min(max(bound, spec.command_cycle_bound(build, layers, build.max_batch, False)),
+                    build.settings()["watchdog"].hi)
     writes = [(reg("layers"), len(desc)), (reg("batch"), batch), (reg("watchdog"), bound)]
     for l, d in enumerate(desc):
         values = {"inputs": d["inputs"], "outputs": d["outputs"],

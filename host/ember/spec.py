@@ -439,7 +439,8 @@ BUILDS = {
     # of 30 MHz per bit.
     "ulx3s": Build(name="ulx3s", lanes=32, weight_words=1024, act_bytes=16384,
                    grad_words=1024, scratch_entries=8192, max_batch=64, max_width=1024,
-                   clock_hz=30_000_000, baud=3_000_000, dataflow="samples"),
+                   clock_hz=30_000_000, baud=3_000_000, dataflow="samples",
+                   features=FEATURES, data_bytes=1 << 17, data_samples=2048),
 }
 
 
