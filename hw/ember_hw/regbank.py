@@ -248,6 +248,61 @@ class RegisterBank(wiring.Component):
                                   & (samples <= bld.data_samples))]
         return samples_written, data_measured, data_fits
 
+    def _descriptor_memory(self, m, reg_off, check):
+        """The descriptor memory: the bus writes it, the bus, the command check and the
+        sequencer read it. At reset each field holds its Setting.init (1 input and 1 output,
+        the smallest legal layer), so no descriptor ever holds a width of 0. Returns its read
+        and write ports."""
+        field_init = [self.fields[f].init for f in spec.LAYER_FIELDS]
+        field_init += [0] * (spec.LAYER_STRIDE - len(field_init))
+        m.submodules.dmem = dmem = Memory(shape=self.desc_bits, depth=self.desc_depth,
+                                          init=field_init * (self.build.max_layers + 1))
+        d_rd, d_wr = dmem.read_port(), dmem.write_port()
+        # (a field takes only values in its range, so the word fits the memory's width)
+        m.d.comb += [d_wr.addr.eq(reg_off - spec.LAYER_BASE), d_wr.data.eq(self.w_data),
+                     d_rd.addr.eq(Mux(self.desc_loading, self.desc_addr,
+                                      Mux(check.busy, check.desc_addr,
+                                          reg_off - spec.LAYER_BASE))),
+                     self.desc_data.eq(d_rd.data)]
+        return d_rd, d_wr
+
+    def _labels(self, m):
+        """The class count (the last layer's outputs) that labels are checked against as they
+        arrive, from a copy of every layer's output count; and which label words have been
+        written since it last changed (a command checks the batch's are all there). Returns
+        (the output counts' registers, the strobe that says the class count may change, and
+        whether the batch's label words are all written)."""
+        outputs = [Signal(self.fields["outputs"].bits, name=f"outputs{l}",
+                          init=self.fields["outputs"].init)
+                   for l in range(self.build.max_layers)]
+        layers = self.settings.layers
+        m.d.comb += self.classes.eq(Mux(layers == 0, 0, Array(outputs)[layers - 1]))
+        labels_written = Signal(self.label_words)
+        classes_change = Signal()
+        with m.If(classes_change):
+            m.d.sync += labels_written.eq(0)
+        with m.Elif(self.label_written):
+            m.d.sync += labels_written.bit_select(self.label_word, 1).eq(1)
+        label_words_needed = (self.settings.batch + 1) >> 1
+        labels_ok = Signal()
+        m.d.comb += labels_ok.eq(Cat(labels_written[w] | (w >= label_words_needed)
+                                     for w in range(self.label_words)).all())
+        return outputs, classes_change, labels_ok
+
+    def _counters_window(self, m):
+        """The counters window: two words a counter (its low 32 bits, then the high ones),
+        read only, through CounterFile's read port."""
+        idx = self.addr[1:REG_OFFSET_BITS]
+        with m.If(self.write):
+            m.d.comb += answer_error(self, "out_of_range")
+        with m.Elif(idx >= len(spec.COUNTERS)):
+            m.d.comb += answer_error(self, "out_of_range")
+        with m.Else():
+            m.d.comb += [self.counter_req.eq(1), self.counter_index.eq(idx)]
+            with m.If(self.counter_valid):
+                m.d.comb += answer_ok(self, Mux(self.addr[0], self.counter_data[32:],
+                                                self.counter_data[:32]))
+
     def elaborate(self, platform):
         m = Module()
         reg_off = self.addr[:REG_OFFSET_BITS]
@@ -278,40 +333,10 @@ class RegisterBank(wiring.Component):
         unit = StepCheck if "command_check" in self.build.features else CountCheck
         m.submodules.check = check = unit(self.build, self.desc_depth, self.desc_bits)
 
-        # the descriptor memory: the bus writes it, the bus and the sequencer read it
-        # (at reset each field holds its Setting.init: 1 input and 1 output, the smallest legal
-        # layer, so no descriptor ever holds a width of 0)
-        field_init = [self.fields[f].init for f in spec.LAYER_FIELDS]
-        field_init += [0] * (spec.LAYER_STRIDE - len(field_init))
-        m.submodules.dmem = dmem = Memory(shape=self.desc_bits, depth=self.desc_depth,
-                                          init=field_init * (self.build.max_layers + 1))
-        d_rd, d_wr = dmem.read_port(), dmem.write_port()
-        # (a field takes only values in its range, so the word fits the memory's width)
-        m.d.comb += [d_wr.addr.eq(reg_off - spec.LAYER_BASE), d_wr.data.eq(self.w_data),
-                     d_rd.addr.eq(Mux(self.desc_loading, self.desc_addr,
-                                      Mux(check.busy, check.desc_addr,
-                                          reg_off - spec.LAYER_BASE))),
-                     self.desc_data.eq(d_rd.data)]
+        d_rd, d_wr = self._descriptor_memory(m, reg_off, check)
         desc_phase = Signal()               # a descriptor read: address, then data
-
-        # the class count (the last layer's outputs) that labels are checked against as they
-        # arrive, from a copy of every layer's output count; and which label words have been
-        # written since it last changed (a command checks the batch's are all there)
-        outputs = [Signal(self.fields["outputs"].bits, name=f"outputs{l}",
-                          init=self.fields["outputs"].init)
-                   for l in range(self.build.max_layers)]
+        outputs, classes_change, labels_ok = self._labels(m)
         layers = self.settings.layers
-        m.d.comb += self.classes.eq(Mux(layers == 0, 0, Array(outputs)[layers - 1]))
-        labels_written = Signal(self.label_words)
-        classes_change = Signal()
-        with m.If(classes_change):
-            m.d.sync += labels_written.eq(0)
-        with m.Elif(self.label_written):
-            m.d.sync += labels_written.bit_select(self.label_word, 1).eq(1)
-        label_words_needed = (self.settings.batch + 1) >> 1
-        labels_ok = Signal()
-        m.d.comb += labels_ok.eq(Cat(labels_written[w] | (w >= label_words_needed)
-                                     for w in range(self.label_words)).all())
 
         in_range = self._range_checks(m)
         if self.resident:
@@ -517,17 +542,7 @@ class RegisterBank(wiring.Component):
                     with m.Default():
                         m.d.comb += err("out_of_range")
             with m.Elif(window == 1):
-                # counters: 2 words each (low 32 bits, high bits); read only
-                idx = self.addr[1:REG_OFFSET_BITS]
-                with m.If(write):
-                    m.d.comb += err("out_of_range")
-                with m.Elif(idx >= len(spec.COUNTERS)):
-                    m.d.comb += err("out_of_range")
-                with m.Else():
-                    m.d.comb += [self.counter_req.eq(1), self.counter_index.eq(idx)]
-                    with m.If(self.counter_valid):
-                        m.d.comb += ack(Mux(self.addr[0], self.counter_data[32:],
-                                            self.counter_data[:32]))
+                self._counters_window(m)
             with m.Else():
                 m.d.comb += err("out_of_range")
         return m
