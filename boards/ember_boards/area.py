@@ -91,7 +91,7 @@ def core_rtlil(build, core="v1"):
         from ember_hw.top import EngineUartTop
         return rtlil.convert(EngineUartTop(build), name="top")
     from ember_hw.engine import EngineCore
-    return rtlil.convert(EngineCore(dataclasses.replace(build, dataflow="outputs")), name="top")
+    return rtlil.convert(EngineCore(spec.with_dataflow(build, "outputs")), name="top")
 
 
 def module_cells(log):

@@ -37,7 +37,6 @@ that leaves out).
 """
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -189,7 +188,7 @@ def engine_v2_figures(build=None, batch=32):
     layers = [64, 32, 10]
     for key, dataflow in (("v1_dense_pj_per_sample", "outputs"),
                           ("dense_pj_per_sample", "samples")):
-        b = dataclasses.replace(build, dataflow=dataflow)
+        b = spec.with_dataflow(build, dataflow)
         out[key] = round(energy.EnergyModel("horowitz45", b).total(
             trainer.dense_counters(layers, b, batch)) / batch, 1)
     return out

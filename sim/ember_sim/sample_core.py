@@ -132,7 +132,7 @@ def figures(build=spec.DEFAULT_BUILD, batch=32, layers=(64, 32, 10)):
                      layers, weights, batch, x)
     wall = time.perf_counter() - t
     # v1's reads: the golden model counting engine v1's dataflow on the same sizes
-    g = golden.GoldenModel(dataclasses.replace(build, dataflow="outputs"))
+    g = golden.GoldenModel(spec.with_dataflow(build, "outputs"))
     g.configure(layers, shifts)
     g.load_weights(weights)
     g.train_batch(x, y, spec.StepSettings())
