@@ -17,15 +17,23 @@ The shell only wires units that are each tested alone:
 - a serial multiplier for the input batch's extent (the window's ``block_words``: the
   sample blocks times layer 0's inputs), recomputed after a write of either factor;
 - with the command_check unit, ``ProgramCheck`` (ember_hw.program_check): the register
-  bank's command check ends with its verdict on the program memory, so a program that
-  could leave a memory is refused (REJECTED "program") before anything changes. It checks
-  a program once after each write of the program region; the verdict is kept until the
-  next.
+  bank's command check ends with its verdict on the programs the command runs (the one at
+  word 0 for TRAIN and EPOCH, the one at INFER_PROGRAM for INFER and EVALUATE), so a
+  program that could leave a memory is refused (REJECTED "program") before anything
+  changes. Each is checked once after a write of the program region (or, for the second, of
+  INFER_PROGRAM); the verdict is kept until the next;
+- with the resident unit (docs/protocol.md section 11), ``EpochSequencer``
+  (ember_hw.epoch) and its data, label and schedule memories, which the window writes: on
+  EPOCH or EVALUATE it drives the core's ports batch after batch (the batch size, SLU mask
+  and LFSR seed, the gather into the activation and label memories, one core run each),
+  while the window and the registers answer ``busy``.
 
 A command is CONTROL's train or infer strobe: the core runs the program in its program
 memory, which the host wrote for that command (ember.device). A run the core refuses part
 way (``SampleEngine.fault``: an address outside a memory, an unknown kind or a bound of 0)
-ends the command with the answer ``fault`` (spec.LINK_STATUS).
+ends the command with the answer ``fault`` (spec.LINK_STATUS). An EPOCH or EVALUATE is one
+command over many core runs: the watchdog limits each run, an abort stops it before its
+first weight write (ember_hw.stopper).
 
 `SampleCore(build)`: the ports of ``EngineCore`` (bus, link_rx, link_tx, busy), so that
 ``EngineTop`` takes either.
