@@ -117,7 +117,7 @@ def test_a_program_longer_than_the_program_memory_is_refused():
 
 def test_a_network_too_big_for_the_memories_is_refused():
     with pytest.raises(spec.ConfigError,
-                       match="64-64-64 at batch 64 needs 1024 gradient words; the build has 128"):
+                       match="64-64-64 at batch 64 needs 256 gradient words; the build has 128"):
         dataflow.train_program([64, 64, 64], dataclasses.replace(BUILD, grad_words=128), 64,
                                [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT])
 

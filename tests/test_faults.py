@@ -192,8 +192,8 @@ def test_network_too_big_for_the_build(tmp_path, capsys):
     ckpt = tmp_path / "run.ckpt"
     assert run_cli("--layers", "64-512-10", "--checkpoint", str(ckpt)) == 2
     err = capsys.readouterr().err
-    # engine v2 at 8 lanes: (64 x 512 + 512 x 10) weights, 8 to a word = 4736 words of 4096
-    assert "network [64, 512, 10] needs 4736 weight words; build 'sim' holds 4096" in err, err
+    # engine v2 at 32 lanes: (64 x 512 + 512 x 10) weights, 32 to a word = 1184 words of 1024
+    assert "network [64, 512, 10] needs 1184 weight words; build 'sim' holds 1024" in err, err
     assert not ckpt.exists()
 
 

@@ -263,9 +263,9 @@ def test_bad_input_is_rejected_before_anything_changes():
 def test_network_too_big_names_the_limit():
     with pytest.raises(ConfigError, match="width 1 of .* is 2000; build 'sim' holds at most 1024"):
         spec.check_network([64, 2000, 10])
-    # engine v2: (1024 x 128 + 128 x 10) weights, 8 to a word
-    with pytest.raises(ConfigError, match=r"needs 16544 weight words; build 'sim' holds 4096 "
-                                          r"\(lanes=8\)"):
+    # engine v2: (1024 x 128 + 128 x 10) weights, 32 to a word
+    with pytest.raises(ConfigError, match=r"needs 4136 weight words; build 'sim' holds 1024 "
+                                          r"\(lanes=32\)"):
         spec.check_network([1024, 128, 10])
     # engine v1: 16 blocks x 1024 inputs + 2 blocks x 128 inputs
     with pytest.raises(ConfigError, match=r"needs 16640 weight words; build 'v1' holds 4096 "

@@ -80,12 +80,13 @@ def test_a_program_the_host_did_not_compile_is_refused_and_changes_nothing():
     dev = ModelDevice(V2)
     dev.configure(LAYERS)
     dev.load_weights(golden.init_weights(LAYERS, 1))
-    x = np.full((16, LAYERS[0]), 9, dtype=np.int64)
-    y = np.arange(16) % LAYERS[-1]
+    batch = V2.lanes + 8
+    x = np.full((batch, LAYERS[0]), 9, dtype=np.int64)
+    y = np.arange(batch) % LAYERS[-1]
     dev.train_batch(x, y)
     before = dev.read_weights()
     # the program memory now holds the program for batch 4 (one sample block: it runs
-    # batches up to 8), the host still thinks batch 16
+    # batches up to P), the host still thinks batch P + 8
     words = dataflow.encode(dataflow.train_program(LAYERS, V2, 4, [spec.HIDDEN_SHIFT,
                                                                    spec.OUTPUT_SHIFT]), V2)
     for base, burst in regmap.program_writes(words):

@@ -156,10 +156,10 @@ class EngineDevice(Device):
         name = next((b.name for b in spec.BUILDS.values()
                      if (b.lanes, b.weight_words, b.act_bytes, b.grad_words,
                          b.scratch_entries, b.max_batch, b.max_width, b.feature_mask(),
-                         spec.DATAFLOWS.index(b.dataflow)) ==
+                         spec.DATAFLOWS.index(b.dataflow), b.baud) ==
                      (regs["lanes"], regs["weight_words"], regs["act_bytes"],
                       regs["grad_words"], regs["scratch_entries"], regs["max_batch"],
-                      regs["max_width"], regs["features"], regs["dataflow"])),
+                      regs["max_width"], regs["features"], regs["dataflow"], regs["baud"])),
                     f"custom-{regs['lanes']}")
         base = spec.BUILDS.get(name, known.get(regs["lanes"], spec.DEFAULT_BUILD))
         self.build = spec.Build(name=name, lanes=regs["lanes"],
