@@ -126,9 +126,11 @@ batch register of 0 (refused by the command check) ends the epoch at once.
 Size (Yosys 0.70 from YoWASP, ``rtlil.convert(EpochSequencer(build), name="epoch_sequencer")``,
 ``synth_ice40 -noabc -top epoch_sequencer; stat``, the order generator and the multiplier
 included) for ``Build(lanes=8, data_bytes=131072, data_samples=2048, features=FEATURES,
-dataflow="samples")``: 1150 SB_LUT4, 719 flip-flops (549 SB_DFFESR, 170 SB_DFFSR), 233
-SB_CARRY (the byte-a-cycle gather: 952, 418, 220); at lanes=32, 1143 SB_LUT4 and the same
-flip-flops. Most of the new flip-flops hold the transposed words (192: the waiting shift
+dataflow="samples")``: 1204 SB_LUT4, 764 flip-flops (all SB_DFFESR: the stall is every
+register's enable), 233 SB_CARRY; before the second input bank (the next batch's settings,
+the banks and the run in flight), 1150, 719 (549 SB_DFFESR, 170 SB_DFFSR) and 233, and at
+lanes=32 1143 SB_LUT4 and the same flip-flops; the byte-a-cycle gather before that: 952,
+418, 220. Most of the new flip-flops hold the transposed words (192: the waiting shift
 register and the drain) and two groups' offsets (120). These come from Yosys's built-in LUT
 mapping (``-noabc``), which gives ``SampleOrder`` 253 SB_LUT4 where abc9 gives 215; abc9
 could not be run where these were measured.
