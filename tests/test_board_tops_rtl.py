@@ -22,6 +22,7 @@ import pytest
 
 from ember import golden, spec
 from ember.device import ModelDevice, open_device
+from ember.schedule import EpochSchedule
 from ember.spec import StepSettings
 from ember_sim import board_sim, rtl
 from engine_harness import without_resends
@@ -97,6 +98,52 @@ def test_board_top_through_its_uart_pins(board, simulator):
             assert led["end"] == dark and led["changes"] == 0, f"{role} LED {led} ({where})"
         else:
             assert led["end"] == lit and led["changes"] >= 1, f"{role} LED {led} ({where})"
+
+
+def resident_session(dev, build):
+    """Upload a small data set, one epoch in one command (a dropped batch, SLU masks, PSG and
+    ssProp where the build has them), the evaluation, read back."""
+    rng = np.random.default_rng(12)
+    dev.configure(LAYERS)
+    dev.load_weights(golden.init_weights(LAYERS, 5))
+    n, batch = 45, 12
+    x = rng.integers(0, 256, size=(n + 10, LAYERS[0]))
+    x[rng.random(x.shape) < 0.3] = 0
+    y = rng.integers(0, LAYERS[-1], size=n + 10)
+    dev.load_data(x[:n], y[:n], x[n:], y[n:])
+    dev.prepare_epochs(batch)
+    batches = -(-n // batch)
+    layers = len(LAYERS) - 1
+    drops = (False, True) + (False,) * (batches - 2)
+    schedule = EpochSchedule(0xBEE5, n, batch, settings_for(build), drops,
+                             tuple(None if d else (b % 2 == 0, True)[:layers]
+                                   for b, d in enumerate(drops)),
+                             tuple(0 if d else int(rng.integers(1, 1 << 16)) for d in drops))
+    correct = dev.train_epoch(schedule)
+    test_correct = dev.evaluate_resident()
+    return correct, test_correct, dev.read_weights(), without_resends(dev.read_counters(),
+                                                                      dev.link)
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("simulator", rtl.simulator_params())
+def test_resident_epoch_through_the_ulx3s_top_pins(simulator):
+    """Resident data through the ULX3S top's UART pins: the upload, an epoch in one command
+    (its batches gathered while the one before trains) and the evaluation give the model's
+    weights, counts and event counters."""
+    build = spec.BUILDS["ulx3s"]
+    assert "resident" in build.features
+    with open_device("sim", build=build, simulator=simulator, top="ulx3s") as dev:
+        got = resident_session(dev, build)
+    want = resident_session(ModelDevice(build), build)
+    where = f"ulx3s top on {simulator}"
+    assert got[:2] == want[:2], f"correct and test_correct ({where})"
+    for layer, (a, b) in enumerate(zip(got[2], want[2])):
+        assert np.array_equal(a, b), f"layer {layer} weights ({where})"
+    for name in spec.EXACT_COUNTERS:
+        assert got[3][name] == want[3][name], \
+            f"{name}: top {got[3][name]} model {want[3][name]} ({where})"
+    assert got[3]["samples"] > 0 and got[3]["cycles"] > 0
 
 
 @pytest.mark.parametrize("board", board_sim.BOARDS)

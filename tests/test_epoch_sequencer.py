@@ -3,9 +3,10 @@ semantics (ember.virtual.VirtualEngine._resident_command: ember.schedule.EpochSc
 batches, a kept batch's seed 0 run as 1; the test split in batches of max_batch), in the
 Amaranth simulator. Real memories hold the data (each sample on words of its own, padding
 random), the data labels and the schedule; the testbench plays the core: it checks every run's
-settings and the activation bytes and labels gathered for it, and answers with random run
-lengths, correct counts and predictions. The gather's timing is checked against the docstring's
-formula."""
+settings and the activation bytes and labels gathered for it (in the bank the run reads, while
+the run before it reads the other), and answers with random run lengths, correct counts and
+predictions, and stalls the gather at random while a run is under way (the core's own
+activation writes). The gather's timing is checked against the docstring's formula."""
 
 import gc
 import warnings
@@ -161,7 +162,8 @@ class SequencerHarness(Elaboratable):
         for name, width, init, addr, read_data in memories:
             m.submodules[name] = memory = Memory(shape=width, depth=len(init), init=init)
             port = memory.read_port()
-            m.d.comb += [port.addr.eq(addr), read_data.eq(port.data)]
+            # as the shell: the reads hold while the sequencer is stalled
+            m.d.comb += [port.addr.eq(addr), read_data.eq(port.data), port.en.eq(~seq.stall)]
         write = m.submodules.schedule.write_port()
         m.d.comb += [write.addr.eq(self.sched_wr_addr), write.data.eq(self.sched_wr_data),
                      write.en.eq(self.sched_wr_en)]
@@ -172,8 +174,11 @@ class CoreStandIn:
     """The testbench's side of one simulation: the registers, the core and the expected
     counts, command after command."""
 
-    def __init__(self, ctx, harness, rng):
+    def __init__(self, ctx, harness, rng, run_cycles=(1, 6), stall_chance=0.3):
         self.ctx, self.harness, self.rng = ctx, harness, rng
+        #: a run's busy cycles are drawn from range(*run_cycles); while it is busy, each
+        #: cycle stalls the gather with stall_chance
+        self.run_cycles, self.stall_chance = run_cycles, stall_chance
         self.seq, self.case = harness.seq, harness.case
         self.correct = 0            # what `correct` and `test_correct` should read
         self.test_correct = 0
@@ -192,8 +197,11 @@ class CoreStandIn:
 
     def act_write(self, acts):
         """Record this cycle's activation write in `acts` ((word, lane) -> byte), checking the
-        port's own rules; returns whether there was one."""
+        port's own rules; returns whether there was one. A stalled cycle's write is not
+        taken (the sequencer presents it again)."""
         ctx, seq, P = self.ctx, self.seq, self.case.build.lanes
+        if ctx.get(seq.stall):
+            return False
         group = seq.group_lanes
         mask, lane, word = ctx.get(seq.act_wr_mask), ctx.get(seq.act_wr_lane), \
             ctx.get(seq.act_wr_addr)
@@ -222,15 +230,18 @@ class CoreStandIn:
         ctx.set(seq.start_evaluate, 0)
         self.correct = 0 if epoch else self.correct
         self.test_correct = 0 if evaluate else self.test_correct
-        acts, labels, writes, timings = {}, {}, [], []
+        acts, labels, writes, timings, banks = {}, {}, [], [], set()
         self.timings.append(timings)
         running, busy_left, held, run = False, 0, None, None
         predictions = rng.integers(0, 1 << spec.LABEL_BITS, 1 << len(seq.pred_rd_addr))
         for cycle in range(COMMAND_TIMEOUT):
             if not ctx.get(seq.busy):
                 break
-            assert not running or not ctx.get(seq.act_wr_en), "act write while the core runs"
-            assert not running or not ctx.get(seq.label_wr_en), "label write while the core runs"
+            writing = ctx.get(seq.act_wr_en) or ctx.get(seq.label_wr_en)
+            if writing:
+                banks.add(ctx.get(seq.gather_bank))
+                assert not running or ctx.get(seq.gather_bank) != ctx.get(seq.core_bank), \
+                    "a write into the bank the running core reads"
             if self.act_write(acts):
                 writes.append(cycle)
             if ctx.get(seq.label_wr_en):
@@ -247,9 +258,10 @@ class CoreStandIn:
                 expect = (int(run.infer), len(run.samples), run.update_mask, run.lfsr_seed)
                 assert held == expect, f"run (infer, batch, mask, seed) {held} != {expect}"
                 assert (acts, labels) == gathered(case, run), "gathered bytes or labels"
+                assert banks == {ctx.get(seq.core_bank)}, "the run's bank is not its gather's"
                 timings.append(RunTiming(run, cycle, writes))
-                acts, labels, writes = {}, {}, []
-                running, busy_left = True, int(rng.integers(1, 6))
+                acts, labels, writes, banks = {}, {}, [], set()
+                running, busy_left = True, int(rng.integers(*self.run_cycles))
             pred_addr = ctx.get(seq.pred_rd_addr)
             if rng.random() < stray_starts:
                 ctx.set(seq.start_epoch, 1)
@@ -258,11 +270,13 @@ class CoreStandIn:
             ctx.set(seq.start_epoch, 0)
             ctx.set(seq.start_evaluate, 0)
             ctx.set(seq.pred_rd_data, int(predictions[pred_addr]))
+            ctx.set(seq.stall, 0)
             if running and busy_left:
                 # busy rises the cycle after core_start; what it reads meanwhile is garbage
                 busy_left -= 1
                 ctx.set(seq.core_busy, 1)
                 ctx.set(seq.core_correct, int(rng.integers(0, case.build.max_batch + 1)))
+                ctx.set(seq.stall, int(rng.random() < self.stall_chance))
             elif running:
                 running = False
                 ctx.set(seq.core_busy, 0)
@@ -284,6 +298,8 @@ class CoreStandIn:
                                  f"after {COMMAND_TIMEOUT} cycles")
         assert not running and not runs, f"{len(runs)} runs missing when busy fell"
         assert not acts and not labels, "writes after the last run"
+        assert ctx.get(seq.core_bank) == 0 and ctx.get(seq.gather_bank) == 0, \
+            "banks other than 0 after the command (streaming reads and writes bank 0)"
         assert ctx.get(seq.correct) == self.correct, "correct"
         assert ctx.get(seq.test_correct) == self.test_correct, "test_correct"
 
@@ -299,16 +315,17 @@ class CoreStandIn:
         self.case.words = list(words)
 
 
-def simulate(case, commands, seed, stray_starts=0.0, between=None):
+def simulate(case, commands, seed, stray_starts=0.0, between=None, **stand_in_options):
     """Run `commands` ((epoch, evaluate) pairs) back to back on one sequencer; `between`:
-    an async function (stand_in, command number) run before each command. Returns the
-    stand-in (its timings)."""
+    an async function (stand_in, command number) run before each command;
+    `stand_in_options`: CoreStandIn's run_cycles and stall_chance. Returns the stand-in (its
+    timings)."""
     harness = SequencerHarness(case)
     rng = np.random.default_rng(seed)
     result = {}
 
     async def testbench(ctx):
-        stand_in = result["stand_in"] = CoreStandIn(ctx, harness, rng)
+        stand_in = result["stand_in"] = CoreStandIn(ctx, harness, rng, **stand_in_options)
         assert not ctx.get(harness.seq.busy), "busy out of reset"
         for number, (epoch, evaluate) in enumerate(commands):
             if between:
@@ -391,20 +408,34 @@ def gather_timing(seq, inputs, size):
 
 
 def check_timing(stand_in, commands):
-    """Every run's writes and core_start where the docstring puts them: a command's runs are
-    its batches, every one kept, and an epoch's order offers an index every cycle (n = 4**h)."""
+    """Every run's writes and core_start where the docstring puts them, with no stalls: a
+    command's runs are its batches, every one kept, and an epoch's order offers an index
+    every cycle (n = 4**h). A batch's gather begins after its schedule word, once the run
+    before it has started (or, the evaluation's first after an epoch, once the epoch's last
+    run is retired); it starts when its gather is done and the run before it retired."""
     seq, case = stand_in.seq, stand_in.case
     for (epoch, _), runs in zip(commands, stand_in.timings):
         # the start strobe in cycle -1; then an epoch's first index comes from the order, an
         # evaluation's as it begins gathering
-        a = ORDER_LATENCY - 1 if epoch else 1
+        a, previous = (ORDER_LATENCY - 1 if epoch else 1), None
         for t in runs:
             size = len(t.run.samples)
             first, last, start, writes = gather_timing(seq, case.inputs, size)
-            assert (t.writes[0] - a, t.writes[-1] - a, t.core_start - a, len(t.writes)) == \
-                (first, last, start, writes), (t.run.infer, size)
-            # after the run: the schedule word (an epoch's) or the comparison first
-            a = t.end + (size + 2 if t.run.infer else 3)
+            if previous is not None and previous.run.infer != t.run.infer:
+                a, previous = previous.end + 3, None
+            elif previous is not None:
+                # LAUNCH, then NEXT_BATCH and SCHEDULE (an epoch's) or NEXT_TEST_BATCH
+                a = previous.core_start + (2 if t.run.infer else 3)
+            assert (t.writes[0] - a, t.writes[-1] - a, len(t.writes)) == \
+                (first, last, writes), (t.run.infer, size)
+            ready = a + start
+            if previous is not None:
+                # retired in f (a training run) or when its last prediction is compared
+                retired = previous.end + (len(previous.run.samples) - 1
+                                          if previous.run.infer else 0)
+                ready = max(ready, retired + 2)
+            assert t.core_start == ready, (t.run.infer, size, t.core_start - a)
+            previous = t
 
 
 @pytest.mark.parametrize("lanes, inputs, max_batch, test", [
@@ -414,30 +445,39 @@ def check_timing(stand_in, commands):
     (2, 5, 7, 16),          # groups of two: the multiplier sets the pace
     (2, 62, 5, 11),         # groups of two: the writes set the pace
 ])
-def test_gather_timing_in_an_evaluation(lanes, inputs, max_batch, test):
+@pytest.mark.parametrize("run_cycles", [(1, 6), (900, 901)])
+def test_gather_timing_in_an_evaluation(lanes, inputs, max_batch, test, run_cycles):
+    """Runs shorter than a gather (the gather sets the pace) and longer (it is hidden)."""
     rng = np.random.default_rng(lanes + inputs)
     case = draw_case(rng, lanes, inputs, max_batch, max_batch, 4, test)
-    stand_in = simulate(case, [(0, 1)], inputs)
+    stand_in = simulate(case, [(0, 1)], inputs, run_cycles=run_cycles, stall_chance=0.0)
     check_timing(stand_in, [(0, 1)])
 
 
-def test_gather_of_64_inputs_at_32_lanes():
+@pytest.mark.parametrize("run_cycles", [(1, 6), (900, 901)])
+def test_gather_of_64_inputs_at_32_lanes(run_cycles):
     """The docstring's figures for K = 64, B = 32, P = 32, M = 9: a write every cycle from a
-    batch's first to its last, and 562 cycles from f to core_start; in an epoch (n = 64 = 4**3,
-    so the order rejects no candidate) and in the evaluation after it (B - 1 later)."""
+    batch's first to its last; 562 cycles from one run's core_start to the next's while the
+    gather sets the pace (runs of at most 5 cycles), and 2 cycles from the end of a training
+    run to the next's start when the gather is hidden behind it (runs of 900 cycles), B + 1
+    after an inference run; in an epoch (n = 64 = 4**3, so the order rejects no candidate)
+    and in the evaluation after it."""
     rng = np.random.default_rng(64)
     case = draw_case(rng, 32, 64, 32, 32, 64, 200, drop_chance=0.0, extra_samples=0)
-    stand_in = simulate(case, [(1, 1)], 64)
+    stand_in = simulate(case, [(1, 1)], 64, run_cycles=run_cycles, stall_chance=0.0)
     assert stand_in.seq.offset_steps == 9
     check_timing(stand_in, [(1, 1)])
     runs = stand_in.timings[0]
     for t in runs:
         assert t.writes == list(range(t.writes[0], t.writes[0] + len(t.run.samples) * 16))
     for previous, t in zip(runs, runs[1:]):
-        if len(t.run.samples) == 32:
-            # after an inference run the first index comes in f + B + 2, not f + 3
-            skew = len(previous.run.samples) - 1 if previous.run.infer else 0
-            assert t.core_start - previous.end == 562 + skew
+        if len(t.run.samples) != 32 or previous.run.infer != t.run.infer:
+            continue
+        if run_cycles[0] > 600:
+            assert t.core_start - previous.end == (33 if t.run.infer else 2)
+        else:
+            # an inference's next batch begins gathering a cycle sooner (no schedule word)
+            assert t.core_start - previous.core_start == (561 if t.run.infer else 562)
 
 
 def test_ports_fit_the_core():

@@ -10,7 +10,10 @@ in batches of B = ``batch`` (the last short). Schedule word b drops batch b (bit
 its update mask (the bits from ``SCHEDULE_MASK_LSB``, only the low ``layers`` kept) and its LFSR
 seed (the low ``SCHEDULE_SEED_BITS``, 0 run as 1). A kept batch is gathered into the core's
 activation and label memories and trained by one core run; ``correct`` sums the runs'
-``core_correct``. EVALUATE walks the test split (samples ``train_samples`` ..
+``core_correct``. The core's network input and labels have two banks: a batch is gathered
+into the bank the running core does not read, while it runs, and its run starts as soon as
+the run before it is retired (its correct count taken, or its predictions compared), so that
+on a network of any size the gather costs only the first batch's time. EVALUATE walks the test split (samples ``train_samples`` ..
 ``train_samples + test_samples - 1``) in batches of ``build.max_batch``, the last short: gather,
 one inference run (mask 0, seed 1), then the predictions are compared with the data labels;
 ``test_correct`` counts the matches.
@@ -39,10 +42,20 @@ activation write fills):
   while the core is idle (from before ``core_start`` until ``core_busy`` has fallen).
 - ``core_busy`` In(1): rises the cycle after ``core_start``, falls when the run ends;
   ``core_correct`` In: taken in the first cycle ``core_busy`` is low after a training run.
+- ``core_bank`` Out(1): the input bank the run reads (layer 0's input and the labels), a
+  register set with the run's settings; 0 while idle, so a streaming command reads bank 0.
+- ``gather_bank`` Out(1): the bank of this cycle's activation and label writes (0 while
+  idle); while a run is under way, never ``core_bank``.
+- ``stall`` In(1): the core writes an activation in this cycle and takes the memory's write
+  port: the whole sequencer (its order generator and multiplier too) keeps its state, so the
+  activation write presented in this cycle is presented again in the next (a label write is
+  repeated: it writes the same label twice). The shell holds the data, data label and
+  schedule memories' reads with it (their read enables low), so a word read in the cycle
+  before a stall arrives after it. Only while a run is under way.
 - ``act_wr_addr`` Out(ceil_log2(act_bytes // P)), ``act_wr_data`` Out(4 * ACT_BITS),
   ``act_wr_lane`` Out(log2(P)), ``act_wr_mask`` Out(4), ``act_wr_en`` Out(1),
-  ``act_wr_count`` Out(range(5)): one activation word a cycle for up to G lanes, only while the
-  core is idle (registers). The batch's i-th sample's input k belongs in word s * K + k of lane
+  ``act_wr_count`` Out(range(5)): one activation word a cycle for up to G lanes, into
+  ``gather_bank`` (registers). The batch's i-th sample's input k belongs in word s * K + k of lane
   i % P, s = i // P. A write puts word ``act_wr_addr`` of lane ``act_wr_lane`` + j (the lane a
   multiple of G) to byte j (bits 8 * j up) of ``act_wr_data`` for each bit j set in
   ``act_wr_mask``; ``act_wr_en`` is high when any is (the mask is 0 in the other cycles) and
@@ -76,18 +89,27 @@ so a group after the first begins T = max(4W, r(M + 1)) cycles after its predece
 samples): its indices and products hide behind the previous group's reads and writes when
 4W >= r(M + 1), as for K >= 37 at M = 9.
 
-Per batch (cycle f: the one in which ``core_busy`` is seen low after the previous run): the
-schedule word is addressed in f + 1 and decoded in f + 2, and the first index goes into the
-multiplier in a = f + 3 (when the order offers one). With g1 = min(G, size) the first group's
-samples, its offsets are collected in h1 = a + 1 + g1(M + 1), its reads begin in h1 + 1, its
-first write is on the ports in h1 + 6, and ``core_start`` comes the cycle after the batch's
-last write, in a + g1(M + 1) + sum(T) + 4W + R + 3 (the sum over the groups after the first).
+Per batch, with no stalls (cycle c: the ``core_start`` of the run before it; for a command's
+first batch, c + 1 is the cycle after the start strobe, or the cycle after the epoch's last
+run is retired for the evaluation after it): the schedule word is addressed in c + 1 and
+decoded in c + 2, and the first index goes into the multiplier in a = c + 3 (when the order
+offers one; a test batch has no schedule word: a = c + 2). With g1 = min(G, size) the first
+group's samples, its offsets are collected in h1 = a + 1 + g1(M + 1), its reads begin in
+h1 + 1, its first write is on the ports in h1 + 6, and its last in
+a + g1(M + 1) + sum(T) + 4W + R + 2 (the sum over the groups after the first). Its settings
+are loaded in the cycle of its last write or, if the run before it is not yet retired, in the
+cycle after that run is (f, the first cycle ``core_busy`` is low after a training run; the
+cycle its B-th prediction is compared, f + B - 1, after an inference run), and
+``core_start`` comes in the next cycle.
 
 - K = 64, B = 32, P = 32, M = 9: T = 64 cycles a group (16 a sample), a write in every cycle
-  from the batch's first to its last, and f to ``core_start`` 6 + 40 + 7 * 64 + 64 + 4 = 562
-  cycles (17.6 a sample; 2066 with the byte-a-cycle gather this one replaced).
+  from the batch's first to its last, 6 + 40 + 7 * 64 + 64 + 4 = 562 cycles from c to the
+  batch's earliest ``core_start`` (17.6 a sample), so a training run of 560 cycles or more
+  hides it: the next run then starts in f + 2 (f + B + 1 after an inference run). Only an
+  epoch's first batch and an evaluation's first are gathered while the core is idle.
 - K <= 4 (W = 1), B = 32, M = 9: the multiplier sets the pace, M + 1 = 10 cycles a sample:
-  T = 40 a group, and f to ``core_start`` 6 + 40 + 7 * 40 + 4 + K = 330 + K cycles.
+  T = 40 a group, and c to the earliest ``core_start`` 6 + 40 + 7 * 40 + 4 + K = 330 + K
+  cycles.
 
 In an evaluation the indices are always there. In an epoch the order generator holds one index
 ready while the multiplier works (its pipeline stops while that index waits) and offers the
@@ -95,24 +117,26 @@ next in the cycle after a take, a cycle later for each candidate it rejects (few
 index on average): a product is late only when more than M candidates in a row are rejected,
 and a group only when its products' delays add up to more than 4W - r(M + 1). An epoch's first
 index comes ``order.ORDER_LATENCY`` cycles after the start. After an inference run the
-comparison takes cycles f + 1 .. f + B (a prediction and a data label read per cycle, the
-match counted in the next), and the next test batch's first index goes into the multiplier in
-a = f + B + 2. ``busy`` falls in f + 2 after an epoch's last run, and in f + B + 2 after an
+comparison takes cycles f .. f + B - 1 (a prediction and a data label read per cycle, the
+match counted in the next); the next run starts after it, as it overwrites the predictions.
+``busy`` falls in f + 2 after an epoch's last run, and in f + B + 1 after an
 evaluation's. A dropped batch takes its indices one per cycle as the order offers them. A
 batch register of 0 (refused by the command check) ends the epoch at once.
 
 Size (Yosys 0.70 from YoWASP, ``rtlil.convert(EpochSequencer(build), name="epoch_sequencer")``,
 ``synth_ice40 -noabc -top epoch_sequencer; stat``, the order generator and the multiplier
 included) for ``Build(lanes=8, data_bytes=131072, data_samples=2048, features=FEATURES,
-dataflow="samples")``: 1150 SB_LUT4, 719 flip-flops (549 SB_DFFESR, 170 SB_DFFSR), 233
-SB_CARRY (the byte-a-cycle gather: 952, 418, 220); at lanes=32, 1143 SB_LUT4 and the same
-flip-flops. Most of the new flip-flops hold the transposed words (192: the waiting shift
+dataflow="samples")``: 1204 SB_LUT4, 764 flip-flops (all SB_DFFESR: the stall is every
+register's enable), 233 SB_CARRY; before the second input bank (the next batch's settings,
+the banks and the run in flight), 1150, 719 (549 SB_DFFESR, 170 SB_DFFSR) and 233, and at
+lanes=32 1143 SB_LUT4 and the same flip-flops; the byte-a-cycle gather before that: 952,
+418, 220. Most of the new flip-flops hold the transposed words (192: the waiting shift
 register and the drain) and two groups' offsets (120). These come from Yosys's built-in LUT
 mapping (``-noabc``), which gives ``SampleOrder`` 253 SB_LUT4 where abc9 gives 215; abc9
 could not be run where these were measured.
 """
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, EnableInserter, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
@@ -174,6 +198,9 @@ class EpochSequencer(wiring.Component):
             "core_lfsr_seed": Out(spec.SCHEDULE_SEED_BITS),
             "core_busy": In(1),
             "core_correct": In(range(build.max_batch + 1)),
+            "core_bank": Out(1),
+            "stall": In(1),
+            "gather_bank": Out(1),
             "act_wr_addr": Out(self.act_word_bits),
             "act_wr_data": Out(DATA_WORD_BYTES * spec.ACT_BITS),
             "act_wr_lane": Out(self.lane_bits),
@@ -208,6 +235,18 @@ class EpochSequencer(wiring.Component):
         self.test_next = Signal(range(bld.data_samples + 1))
         self.batch_first = Signal(range(bld.data_samples + 1))
         self.to_fetch = Signal(range(bld.max_batch + 1))
+        # the batch being gathered (the next run's): its size, first test sample, SLU mask
+        # and seed, loaded into the core's settings when its run starts
+        self.next_batch = Signal(range(bld.max_batch + 1))
+        self.next_first = Signal(range(bld.data_samples + 1))
+        self.next_mask = Signal.like(self.core_update_mask)
+        self.next_seed = Signal.like(self.core_lfsr_seed)
+        # the input bank (activation and label memories) the gather writes: the one the
+        # core's run does not read (core_bank)
+        self.bank = Signal()
+        # a core run started and not yet retired (its correct count taken, or its
+        # predictions compared)
+        self.in_run = Signal()
         self.evaluate_after = Signal()
         m.d.comb += self.sched_rd_addr.eq(self.batch_index)
 
@@ -239,8 +278,11 @@ class EpochSequencer(wiring.Component):
         # the last write is on the ports in this cycle: the core may start in the next
         gather_done = ~(collect_busy | read_busy | write_busy)
         compare_done = self._compare(m)
-        self._sequence(m, order, gather_done, compare_done)
-        return m
+        self._sequence(m, order, gather_done)
+        self._retire(m, compare_done)
+        # frozen while the core takes the activation memory's write port: the write
+        # presented in such a cycle is presented again in the next
+        return EnableInserter(~self.stall)(m)
 
     def _collect(self, m, index_shape, handoff):
         """The batch's indices into the offset multiplier, one as it frees, and their word
@@ -283,7 +325,7 @@ class EpochSequencer(wiring.Component):
         label_read_slot = Signal.like(self.label_wr_addr)
         m.d.sync += [
             label_read.eq(self.fetch & ~self.core_infer),
-            label_read_slot.eq(self.core_batch - self.to_fetch),
+            label_read_slot.eq(self.next_batch - self.to_fetch),
             self.label_wr_en.eq(label_read),
             self.label_wr_addr.eq(label_read_slot),
             self.label_wr_data.eq(self.dlabel_rd_data),
@@ -424,7 +466,7 @@ class EpochSequencer(wiring.Component):
     def _take_batch(self, m, batch):
         """Statements that begin the next batch of at most `batch` samples."""
         size = Mux(self.samples_left < batch, self.samples_left, batch)
-        m.d.sync += [self.core_batch.eq(size), self.to_fetch.eq(size),
+        m.d.sync += [self.next_batch.eq(size), self.to_fetch.eq(size),
                      self.samples_left.eq(self.samples_left - size)]
 
     def _begin_evaluation(self, m):
@@ -432,11 +474,13 @@ class EpochSequencer(wiring.Component):
                      self.samples_left.eq(self.test_samples),
                      self.test_next.eq(self.train_samples), self.evaluate_after.eq(0)]
 
-    def _sequence(self, m, order, gather_done, compare_done):
-        """The command's states: batch after batch, schedule word, gather, core run, and
-        (evaluation) the comparison."""
-        m.d.comb += self.dlabel_rd_addr.eq(Mux(self.comparing, self.compare_label_addr,
-                                               self.sample_label_addr))
+    def _sequence(self, m, order, gather_done):
+        """The command's states: batch after batch, its schedule word and its gather into
+        the bank the core does not read, then its run as soon as the core's last one is
+        retired; the next batch is gathered while it runs."""
+        m.d.comb += [self.dlabel_rd_addr.eq(Mux(self.comparing, self.compare_label_addr,
+                                                self.sample_label_addr)),
+                     self.gather_bank.eq(self.bank)]
         with m.FSM(name="epoch") as fsm:
             with m.State("IDLE"):
                 with m.If(self.start_epoch):
@@ -454,11 +498,7 @@ class EpochSequencer(wiring.Component):
             with m.State("NEXT_BATCH"):
                 # the schedule word of batch_index is read in this cycle
                 with m.If((self.samples_left == 0) | (self.batch == 0)):
-                    with m.If(self.evaluate_after):
-                        self._begin_evaluation(m)
-                        m.next = "NEXT_TEST_BATCH"
-                    with m.Else():
-                        m.next = "IDLE"
+                    m.next = "FINISH"
                 with m.Else():
                     m.next = "SCHEDULE"
 
@@ -466,7 +506,7 @@ class EpochSequencer(wiring.Component):
                 dropped, mask, seed = self._schedule_word()
                 self._take_batch(m, self.batch)
                 m.d.sync += [self.batch_index.eq(self.batch_index + 1),
-                             self.core_update_mask.eq(mask), self.core_lfsr_seed.eq(seed)]
+                             self.next_mask.eq(mask), self.next_seed.eq(seed)]
                 with m.If(dropped):
                     m.next = "DROP"
                 with m.Else():
@@ -482,33 +522,67 @@ class EpochSequencer(wiring.Component):
 
             with m.State("NEXT_TEST_BATCH"):
                 with m.If(self.samples_left == 0):
-                    m.next = "IDLE"
+                    m.next = "FINISH"
                 with m.Else():
                     self._take_batch(m, self.build.max_batch)
-                    m.d.sync += [self.batch_first.eq(self.test_next),
-                                 self.core_update_mask.eq(0), self.core_lfsr_seed.eq(1)]
+                    m.d.sync += [self.next_first.eq(self.test_next),
+                                 self.next_mask.eq(0), self.next_seed.eq(1)]
                     m.next = "GATHER"
 
             with m.State("GATHER"):
                 m.d.comb += self.gathering_batch.eq(1)
                 with m.If(gather_done):
-                    m.next = "CORE_START"
-
-            with m.State("CORE_START"):
-                m.d.comb += self.core_start.eq(1)
-                m.next = "CORE_RUN"
-
-            with m.State("CORE_RUN"):
-                with m.If(~self.core_busy):
-                    with m.If(self.core_infer):
-                        m.next = "COMPARE"
+                    with m.If(~self.in_run):
+                        self._load_run(m)
+                        m.next = "LAUNCH"
                     with m.Else():
-                        m.d.sync += self.correct.eq(self.correct + self.core_correct)
-                        m.next = "NEXT_BATCH"
+                        m.next = "READY"
 
-            with m.State("COMPARE"):
-                m.d.comb += self.comparing.eq(1)
-                with m.If(compare_done):
+            with m.State("READY"):
+                # the batch is in its bank: it runs once the core's last run is retired
+                with m.If(~self.in_run):
+                    self._load_run(m)
+                    m.next = "LAUNCH"
+
+            with m.State("LAUNCH"):
+                # the run's settings were loaded in the cycle before: the core samples them
+                m.d.comb += self.core_start.eq(1)
+                m.d.sync += self.in_run.eq(1)
+                with m.If(self.core_infer):
                     m.next = "NEXT_TEST_BATCH"
+                with m.Else():
+                    m.next = "NEXT_BATCH"
+
+            with m.State("FINISH"):
+                # every batch gathered: the last run retires, then the evaluation or the end
+                with m.If(~self.in_run):
+                    with m.If(self.evaluate_after & ~self.core_infer):
+                        self._begin_evaluation(m)
+                        m.next = "NEXT_TEST_BATCH"
+                    with m.Else():
+                        # streaming commands read bank 0 (the window writes there)
+                        m.d.sync += [self.bank.eq(0), self.core_bank.eq(0)]
+                        m.next = "IDLE"
 
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+
+    def _load_run(self, m):
+        """The gathered batch's settings into the core's, its bank the run's; the next batch
+        goes to the other bank."""
+        m.d.sync += [self.core_bank.eq(self.bank), self.bank.eq(~self.bank),
+                     self.core_batch.eq(self.next_batch), self.batch_first.eq(self.next_first),
+                     self.core_update_mask.eq(self.next_mask),
+                     self.core_lfsr_seed.eq(self.next_seed)]
+
+    def _retire(self, m, compare_done):
+        """A core run that has ended: a training run's correct count added, an inference
+        run's predictions compared with the data labels (the next run starts after that,
+        as it overwrites them)."""
+        with m.If(self.in_run & ~self.core_busy):
+            with m.If(self.core_infer):
+                m.d.comb += self.comparing.eq(1)
+                with m.If(compare_done):
+                    m.d.sync += self.in_run.eq(0)
+            with m.Else():
+                m.d.sync += [self.correct.eq(self.correct + self.core_correct),
+                             self.in_run.eq(0)]

@@ -286,6 +286,9 @@ class SampleCore(wiring.Component):
         data = memory("data_mem", spec.BUS_DATA_BITS, data_words(bld), "data")
         labels = memory("data_label_mem", spec.LABEL_BITS, bld.data_samples, "dlabel")
         schedule = memory("schedule_mem", spec.BUS_DATA_BITS, bld.data_samples, "sched")
+        # the sequencer is frozen while the core stalls its gather (EpochSequencer.stall):
+        # its memories' reads hold their data with it
+        m.d.comb += [port.en.eq(~core.gather_stall) for port in (data, labels, schedule)]
         m.d.comb += [data.addr.eq(seq.data_rd_addr), seq.data_rd_data.eq(data.data),
                      labels.addr.eq(seq.dlabel_rd_addr), seq.dlabel_rd_data.eq(labels.data),
                      schedule.addr.eq(seq.sched_rd_addr), seq.sched_rd_data.eq(schedule.data),
@@ -298,9 +301,13 @@ class SampleCore(wiring.Component):
                      seq.pred_rd_data.eq(core.pred_rd_data),
                      regs.test_correct.eq(seq.test_correct)]
         # the gather writes up to GATHER_LANES lanes of an activation word a cycle
+        # (into the bank the run does not read, also while the core runs: the core's own
+        # writes stall it), and the run reads its input and labels from core_bank
         m.d.comb += [core.gather_word.eq(seq.act_wr_addr), core.gather_data.eq(seq.act_wr_data),
                      core.gather_lane.eq(seq.act_wr_lane), core.gather_mask.eq(seq.act_wr_mask),
-                     core.gather_en.eq(seq.act_wr_en)]
+                     core.gather_en.eq(seq.act_wr_en), core.gather_bank.eq(seq.gather_bank),
+                     core.gather_active.eq(seq.busy), seq.stall.eq(core.gather_stall),
+                     core.input_bank.eq(seq.core_bank)]
         with m.If(seq.busy):
             m.d.comb += [core.label_wr_addr.eq(seq.label_wr_addr),
                          core.label_wr_data.eq(seq.label_wr_data),
@@ -330,9 +337,9 @@ class SampleCore(wiring.Component):
             m.d.comb += getattr(inc, name).eq(getattr(core.inc, name))
         # input bytes written by the window, or by the resident data unit's gather (never
         # both: the window is idle while a command runs), count as the core's own writes
-        written = win.act_wr_en if self.seq is None else Mux(self.seq.busy,
-                                                               self.seq.act_wr_count,
-                                                               win.act_wr_en)
+        # (a gather write the core's own write stalls is presented again, and counted then)
+        written = win.act_wr_en if self.seq is None else Mux(
+            self.seq.busy, Mux(core.gather_stall, 0, self.seq.act_wr_count), win.act_wr_en)
         m.d.comb += [inc.act_writes.eq(core.inc.act_writes + written),
                      inc.link_rx_bytes.eq(self.link_rx), inc.link_tx_bytes.eq(self.link_tx),
                      inc.cycles.eq(self.running)]

@@ -22,11 +22,20 @@ when v2 replaces v1, the memory window and register bank) drives the ports below
                 lr_shift, zero_skip, psg, psg_relative, psg_tau, psg_step_shift, keep_q8,
                 ssprop_random, lfsr_seed. Held from start to the end of the run.
   correct:      Out -- samples the loss phases classified right in the last run.
-  gather_word, gather_data, gather_lane, gather_mask, gather_en: In -- (the resident data
-                unit's gather, ember_hw.epoch) write up to GATHER_LANES lanes of activation
-                word gather_word in one cycle, while idle: lane gather_lane + j (gather_lane
-                a multiple of GATHER_LANES) takes byte j of gather_data where mask bit j is
-                set.
+  gather_word, gather_data, gather_lane, gather_mask, gather_en, gather_bank: In -- (the
+                resident data unit's gather, ember_hw.epoch) write up to GATHER_LANES lanes
+                of activation word gather_word of input bank gather_bank in one cycle: lane
+                gather_lane + j (gather_lane a multiple of GATHER_LANES) takes byte j of
+                gather_data where mask bit j is set. While idle, or while the core runs
+                with gather_active high; label_wr_* then write the labels of gather_bank.
+  gather_stall: Out(1) -- the core writes an activation in this cycle: the gather's write is
+                not taken (ember_hw.epoch's ``stall``).
+  input_bank:   In(1) -- the input bank the run reads: layer 0's phases read the network's
+                input from it, and the loss phase the labels. On a build with the resident
+                data unit the activation memory has a second copy of its words from
+                2**ceil(log2(act_bytes / P)) and the label memory one from
+                2**ceil(log2(max_batch)), for the unit's next batch; the bus and the core's
+                own writes use bank 0.
   prog_wr_*, w_wr_*, act_wr_*, label_wr_*: In -- write a program word, a weight, an
                 activation byte (at word * P + lane) or a label, while idle.
   w_rd_addr: In; w_rd_data: Out -- a weight, the cycle after its address (while idle).
@@ -172,7 +181,12 @@ class SampleEngine(wiring.Component):
         self.weight_depth = build.weight_words * P
         self.act_words = build.act_bytes // P
         self.w_bits = ceil_log2(self.weight_depth)
-        a_bits = ceil_log2(self.act_words)
+        self.a_bits = a_bits = ceil_log2(self.act_words)
+        self.label_bits = ceil_log2(build.max_batch)
+        #: The resident data unit's two input banks: the network's input (the activation
+        #: words of layer 0's inputs) and the labels, each the memory's words from 0 and a
+        #: second copy from 2**bits, so the next batch is gathered while a run reads this one
+        self.banked = "resident" in build.features
         g_bits = ceil_log2(build.grad_words)
         self.width_bits = ceil_log2(build.max_width + 1)
         # what each generator addresses depends on the phase kind (ember.dataflow.GENERATORS)
@@ -217,6 +231,10 @@ class SampleEngine(wiring.Component):
             "gather_lane": In(max(1, self.logp)),
             "gather_mask": In(GATHER_LANES),
             "gather_en": In(1),
+            "gather_bank": In(1),
+            "gather_active": In(1),
+            "gather_stall": Out(1),
+            "input_bank": In(1),
             "label_wr_addr": In(ceil_log2(build.max_batch)),
             "label_wr_data": In(spec.LABEL_BITS),
             "label_wr_en": In(1),
@@ -267,11 +285,15 @@ class SampleEngine(wiring.Component):
         m.submodules.wmem = self.wmem = WeightMemory(1, self.weight_depth, spram=self.spram)
         s.w_rd, s.w_wr = self.wmem.rd, self.wmem.wr
         s.s_rd, s.s_wr = memory("smem", signed(spec.DX_BITS), bld.scratch_entries)
-        s.l_rd, s.l_wr = memory("lmem", unsigned(spec.LABEL_BITS), bld.max_batch)
+        bank_words = (lambda bits, words: (1 << bits) + words) if self.banked else \
+            (lambda bits, words: words)
+        s.l_rd, s.l_wr = memory("lmem", unsigned(spec.LABEL_BITS),
+                                bank_words(self.label_bits, bld.max_batch))
         s.p_rd, s.p_wr = memory("pmem", unsigned(spec.LABEL_BITS), bld.max_batch)
         # the kept list: (j, j * K) of each kept channel of the current layer
         s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits), bld.max_width)
-        m.submodules.amem = s.amem = LaneMemory(P, self.act_words, spec.ACT_BITS,
+        m.submodules.amem = s.amem = LaneMemory(P, bank_words(self.a_bits, self.act_words),
+                                                spec.ACT_BITS,
                                                 write_stages=dataflow.MEMORY_WRITE_STAGES)
         m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS,
                                                 write_stages=dataflow.MEMORY_WRITE_STAGES)
@@ -290,8 +312,9 @@ class SampleEngine(wiring.Component):
         m.d.comb += s.w_rd.en.eq(idle & ~self.w_wr_en)
         m.d.comb += [s.prog_wr.addr.eq(self.prog_wr_addr), s.prog_wr.data.eq(self.prog_wr_data),
                      s.prog_wr.en.eq(self.prog_wr_en & idle),
-                     s.l_wr.addr.eq(self.label_wr_addr), s.l_wr.data.eq(self.label_wr_data),
-                     s.l_wr.en.eq(self.label_wr_en & idle),
+                     s.l_wr.addr.eq(self._banked(self.label_wr_addr, self.gather_bank)),
+                     s.l_wr.data.eq(self.label_wr_data),
+                     s.l_wr.en.eq(self.label_wr_en & (idle | self.gather_active)),
                      s.p_rd.addr.eq(self.pred_rd_addr), self.pred_rd_data.eq(s.p_rd.data),
                      self.w_rd_data.eq(s.w_rd.data), self.prog_rd_data.eq(s.prog_rd.data),
                      s.l_rd.addr.eq(self.label_rd_addr), self.label_rd_data.eq(s.l_rd.data)]
@@ -302,14 +325,16 @@ class SampleEngine(wiring.Component):
                          s.amem.wr.data.eq(self.act_wr_data.replicate(P)),
                          s.amem.wr.en.eq(Mux(self.act_wr_en,
                                              Const(1, P) << self.act_wr_addr[:LOGP], 0))]
-            with m.If(self.gather_en):
-                # lanes gather_lane .. + GATHER_LANES - 1 of one word: lane p takes byte
-                # p % GATHER_LANES (on 2 lanes, the low two bytes)
-                group = min(P, GATHER_LANES)
-                m.d.comb += [s.amem.wr.addr.eq(self.gather_word),
-                             s.amem.wr.data.eq(self.gather_data[:group * spec.ACT_BITS]
-                                               .replicate(P // group)),
-                             s.amem.wr.en.eq((self.gather_mask[:group] << self.gather_lane)[:P])]
+        with m.If(self.gather_en & (idle | self.gather_active)):
+            # lanes gather_lane .. + GATHER_LANES - 1 of one word: lane p takes byte
+            # p % GATHER_LANES (on 2 lanes, the low two bytes), into gather_bank; while the
+            # core runs, its own activation writes (_datapath, after this) take the port
+            # first and gather_stall tells the gather to present its write again
+            group = min(P, GATHER_LANES)
+            m.d.comb += [s.amem.wr.addr.eq(self._banked(self.gather_word, self.gather_bank)),
+                         s.amem.wr.data.eq(self.gather_data[:group * spec.ACT_BITS]
+                                           .replicate(P // group)),
+                         s.amem.wr.en.eq((self.gather_mask[:group] << self.gather_lane)[:P])]
 
     # ---------------------------------------------------------------- the phase's registers
     def _phase_registers(self, m, s):
@@ -427,8 +452,11 @@ class SampleEngine(wiring.Component):
         # unless a phase reads elsewhere: the phases that read them at a (forward, both
         # gradients, requant, argmax) then need no multiplexer, and a read no phase uses
         # is harmless (these memories are written only by the core's units and the bus)
-        m.d.comb += [s.amem.rd.addr.eq(s.addr["a"]), s.s_rd.addr.eq(s.addr["a"]),
-                     s.gmem.rd.addr.eq(s.addr["a"])]
+        # layer 0's phases read the network's input from the run's input bank (the
+        # resident data unit's; bank 0 otherwise): their activation reads are all of it
+        m.d.comb += [s.amem.rd.addr.eq(self._banked(s.addr["a"][:self.a_bits],
+                                                    self.input_bank & (s.layer == 0))),
+                     s.s_rd.addr.eq(s.addr["a"]), s.gmem.rd.addr.eq(s.addr["a"])]
         OPND = max(spec.WEIGHT_BITS, spec.GRAD_BITS, spec.ACT_BITS + 1)
         # the lanes accumulate forward sums, and the input gradient's sums over the outputs of
         # W x dY (wider: spec.Build.dx_acc_bits); no sum wraps
@@ -472,6 +500,7 @@ class SampleEngine(wiring.Component):
         with m.If(s.wb.take):
             m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(s.lanes.head),
                          s.shifter.shift.eq(s.wb.take_shift), s.lanes.snap_shift.eq(1)]
+        m.d.comb += self.gather_stall.eq(s.wb.act_wr_en)
         with m.If(s.wb.act_wr_en):
             m.d.comb += [s.amem.wr.addr.eq(s.wb.act_wr_addr[self.logp:]),
                          s.amem.wr.data.eq(s.wb.act_wr_data.replicate(P)),
@@ -479,6 +508,11 @@ class SampleEngine(wiring.Component):
             m.d.sync += s.count("act_writes")
         with m.If(s.wb.grad_wr_en):
             self._grad_write(m, s, s.wb.grad_wr_word, s.wb.grad_wr_lane, s.wb.grad_wr_value)
+
+    def _banked(self, addr, bank):
+        """A word address of the activation or label memory in `bank` (on a build with the
+        resident data unit; `addr` itself on others)."""
+        return Cat(addr, bank) if self.banked else addr
 
     @staticmethod
     def _grad_write(m, s, word, lane, value):
@@ -606,7 +640,9 @@ class SampleEngine(wiring.Component):
         m.d.comb += [loss.classes.eq(s.N), loss.label.eq(label),
                      loss.rd_data.eq(s.lane_value)]
         with m.If(on):
-            m.d.comb += [s.l_rd.addr.eq(s.addr["o"]),
+            # the run's labels: in its input bank on a resident build
+            m.d.comb += [s.l_rd.addr.eq(self._banked(s.addr["o"][:self.label_bits],
+                                                     self.input_bank)),
                          s.gmem.rd.addr.eq(s.addr["a"] + loss.rd_addr)]
         with m.If(loss.rd_en):
             m.d.sync += [s.pick_lane.eq(lane), s.count("grad_reads")]
