@@ -54,6 +54,15 @@ def session(dev, build):
                                                                       dev.link)
 
 
+def assert_same_weights_and_counters(got, want, where):
+    """(weights, counters) of the top against the model's: every layer, every exact counter."""
+    for layer, (a, b) in enumerate(zip(got[0], want[0])):
+        assert np.array_equal(a, b), f"layer {layer} weights ({where})"
+    for name in spec.EXACT_COUNTERS:
+        assert got[1][name] == want[1][name], \
+            f"{name}: top {got[1][name]} model {want[1][name]} ({where})"
+
+
 def board_result(log_path):
     """What the bench saw (ember_sim.board prints it last)."""
     lines = [line for line in Path(log_path).read_text().splitlines()
@@ -78,11 +87,7 @@ def test_board_top_through_its_uart_pins(board, simulator):
     assert got[0]["baud"] == build.baud == 3_000_000, where      # the BAUD register
     assert got[1] == want[1], f"correct count ({where})"
     assert got[2] == want[2], f"predictions ({where})"
-    for layer, (a, b) in enumerate(zip(got[3], want[3])):
-        assert np.array_equal(a, b), f"layer {layer} weights ({where})"
-    for name in spec.EXACT_COUNTERS:
-        assert got[4][name] == want[4][name], \
-            f"{name}: top {got[4][name]} model {want[4][name]} ({where})"
+    assert_same_weights_and_counters(got[3:], want[3:], where)
     assert got[4]["link_rx_bytes"] > 1000 and got[4]["cycles"] > 0
     assert seen["line_errors"] == [], f"garbled bytes on the tx pin ({where})"
 
@@ -138,11 +143,7 @@ def test_resident_epoch_through_the_ulx3s_top_pins(simulator):
     want = resident_session(ModelDevice(build), build)
     where = f"ulx3s top on {simulator}"
     assert got[:2] == want[:2], f"correct and test_correct ({where})"
-    for layer, (a, b) in enumerate(zip(got[2], want[2])):
-        assert np.array_equal(a, b), f"layer {layer} weights ({where})"
-    for name in spec.EXACT_COUNTERS:
-        assert got[3][name] == want[3][name], \
-            f"{name}: top {got[3][name]} model {want[3][name]} ({where})"
+    assert_same_weights_and_counters(got[2:], want[2:], where)
     assert got[3]["samples"] > 0 and got[3]["cycles"] > 0
 
 
