@@ -131,11 +131,13 @@ def resident_session(dev, build):
 
 
 @pytest.mark.rtl
-@pytest.mark.parametrize("simulator", rtl.simulator_params())
+@pytest.mark.parametrize("simulator", ["verilator"])
 def test_resident_epoch_through_the_ulx3s_top_pins(simulator):
     """Resident data through the ULX3S top's UART pins: the upload, an epoch in one command
     (its batches gathered while the one before trains) and the evaluation give the model's
-    weights, counts and event counters."""
+    weights, counts and event counters. Verilator only: Icarus runs the same SampleCore's
+    resident epochs in tests/test_resident.py and this top's pins in
+    test_board_top_through_its_uart_pins, and this session took 134 s of CI on it."""
     build = spec.BUILDS["ulx3s"]
     assert "resident" in build.features
     with open_device("sim", build=build, simulator=simulator, top="ulx3s") as dev:
