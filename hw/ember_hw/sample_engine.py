@@ -285,14 +285,12 @@ class SampleEngine(wiring.Component):
         m.submodules.wmem = self.wmem = WeightMemory(1, self.weight_depth, spram=self.spram)
         s.w_rd, s.w_wr = self.wmem.rd, self.wmem.wr
         s.s_rd, s.s_wr = memory("smem", signed(spec.DX_BITS), bld.scratch_entries)
-        bank_words = (lambda bits, words: (1 << bits) + words) if self.banked else \
-            (lambda bits, words: words)
         s.l_rd, s.l_wr = memory("lmem", unsigned(spec.LABEL_BITS),
-                                bank_words(self.label_bits, bld.max_batch))
+                                self._bank_depth(self.label_bits, bld.max_batch))
         s.p_rd, s.p_wr = memory("pmem", unsigned(spec.LABEL_BITS), bld.max_batch)
         # the kept list: (j, j * K) of each kept channel of the current layer
         s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits), bld.max_width)
-        m.submodules.amem = s.amem = LaneMemory(P, bank_words(self.a_bits, self.act_words),
+        m.submodules.amem = s.amem = LaneMemory(P, self._bank_depth(self.a_bits, self.act_words),
                                                 spec.ACT_BITS,
                                                 write_stages=dataflow.MEMORY_WRITE_STAGES)
         m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS,
@@ -508,6 +506,11 @@ class SampleEngine(wiring.Component):
             m.d.sync += s.count("act_writes")
         with m.If(s.wb.grad_wr_en):
             self._grad_write(m, s, s.wb.grad_wr_word, s.wb.grad_wr_lane, s.wb.grad_wr_value)
+
+    def _bank_depth(self, bits, words):
+        """The depth of a memory of `words` words whose addresses have `bits` bits, with its
+        second input bank from 2**bits on a build with the resident data unit (_banked)."""
+        return (1 << bits) + words if self.banked else words
 
     def _banked(self, addr, bank):
         """A word address of the activation or label memory in `bank` (on a build with the
