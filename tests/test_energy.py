@@ -253,3 +253,14 @@ def test_a_ulx3s_build_run_reports_ecp5_85f_and_horowitz45(digits):
     held = _run(ULX, digits, resident="on")
     assert held["weights_sha256"] == r["weights_sha256"]
     assert held["energy_by_profile"]["ecp5-85f"]["energy_pj"] < 0.01 * r["energy_pj"]
+    # the resident run reads its data memory (an ASIC charges it, the ECP5's block RAM is
+    # priced 0); saved leaves it out, as the dense step reads no data memory
+    h_held = held["energy_by_profile"]["horowitz45"]
+    h_stream = r["energy_by_profile"]["horowitz45"]
+    assert h_stream["energy_breakdown"]["data_memory"] == 0.0
+    data_pj = h_held["energy_breakdown"]["data_memory"]
+    assert data_pj == pytest.approx(held["counters"]["data_reads"]
+                                    * energy.EnergyModel("horowitz45", ULX)
+                                    .per_event["data_reads"]) and data_pj > 0
+    assert h_held["energy_pj"] == pytest.approx(h_stream["energy_pj"] + data_pj)
+    assert h_held["saved_pj"] == pytest.approx(h_stream["saved_pj"])

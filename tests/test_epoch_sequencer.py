@@ -162,8 +162,12 @@ class SequencerHarness(Elaboratable):
         for name, width, init, addr, read_data in memories:
             m.submodules[name] = memory = Memory(shape=width, depth=len(init), init=init)
             port = memory.read_port()
-            # as the shell: the reads hold while the sequencer is stalled
-            m.d.comb += [port.addr.eq(addr), read_data.eq(port.data), port.en.eq(~seq.stall)]
+            # as the shell: the reads hold while the sequencer is stalled, and the data
+            # memory reads only when the sequencer asks (so a word it fails to ask for is
+            # not delivered)
+            enable = seq.data_rd_en if name == "data" else 1
+            m.d.comb += [port.addr.eq(addr), read_data.eq(port.data),
+                         port.en.eq(enable & ~seq.stall)]
         write = m.submodules.schedule.write_port()
         m.d.comb += [write.addr.eq(self.sched_wr_addr), write.data.eq(self.sched_wr_data),
                      write.en.eq(self.sched_wr_en)]
@@ -223,6 +227,9 @@ class CoreStandIn:
         the chance per busy cycle of a start strobe, which must be ignored."""
         ctx, seq, rng, case = self.ctx, self.seq, self.rng, self.case
         runs = expected_runs(case, epoch, evaluate)
+        # the data_reads events: every gathered sample's W words, once each
+        expected_reads = sum(len(r.samples) for r in runs) * sample_words(case.inputs)
+        data_reads = 0
         ctx.set(seq.start_epoch, epoch)
         ctx.set(seq.start_evaluate, evaluate)
         await ctx.tick()
@@ -262,6 +269,7 @@ class CoreStandIn:
                 timings.append(RunTiming(run, cycle, writes))
                 acts, labels, writes, banks = {}, {}, [], set()
                 running, busy_left = True, int(rng.integers(*self.run_cycles))
+            data_reads += ctx.get(seq.data_rd_en) and not ctx.get(seq.stall)
             pred_addr = ctx.get(seq.pred_rd_addr)
             if rng.random() < stray_starts:
                 ctx.set(seq.start_epoch, 1)
@@ -298,6 +306,7 @@ class CoreStandIn:
                                  f"after {COMMAND_TIMEOUT} cycles")
         assert not running and not runs, f"{len(runs)} runs missing when busy fell"
         assert not acts and not labels, "writes after the last run"
+        assert data_reads == expected_reads, f"data words read {data_reads} != {expected_reads}"
         assert ctx.get(seq.core_bank) == 0 and ctx.get(seq.gather_bank) == 0, \
             "banks other than 0 after the command (streaming reads and writes bank 0)"
         assert ctx.get(seq.correct) == self.correct, "correct"

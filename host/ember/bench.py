@@ -263,7 +263,7 @@ def profile_ratios(runs_by_config, profiles=BENCH_PROFILES):
             grouped = [m.grouped(r["model"]["counters"]) for r in runs]
             totals = [sum(g.values()) for g in grouped]
             means[config] = float(np.mean(totals))
-            compute[config] = float(np.mean([t - g["link"] - g["clock"]
+            compute[config] = float(np.mean([t - sum(g[u] for u in energy.UNCOUNTED_IN_DENSE)
                                              for g, t in zip(grouped, totals)]))
             shares[config] = {f"{g}_share": float(np.mean([x[g] / t if t else 0.0
                                                             for x, t in zip(grouped, totals)]))
@@ -271,7 +271,8 @@ def profile_ratios(runs_by_config, profiles=BENCH_PROFILES):
         order = sorted(means, key=means.get)
         out[m.name] = {c: {"energy_pj_mean": e, "energy_ratio": e / means["baseline"],
                            "rank": order.index(c) + 1,
-                           # arithmetic and memory alone (link and clock left out)
+                           # the engine's arithmetic and memories alone (resident data,
+                           # link and clock left out: energy.UNCOUNTED_IN_DENSE)
                            "compute_ratio": compute[c] / compute["baseline"], **shares[c]}
                        for c, e in means.items()}
     return out

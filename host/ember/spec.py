@@ -101,6 +101,7 @@ COUNTERS = (
     "grad_lane_reads",       # 16-bit dY entries read by the lanes in the GEMM phases
     "act_msb_reads",         # PSG predictor: the top PSG_ACT_MSBS bits of an activation
     "grad_msb_lane_reads",   # PSG predictor: the top PSG_GRAD_MSBS bits of a dY entry
+    "data_reads",            # resident data unit: 32-bit data-memory words the gather reads
     # link
     "link_rx_bytes",
     "link_tx_bytes",
@@ -712,10 +713,11 @@ LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 6              # 3: writes and commands checked in the engine (bad_value);
+ENGINE_VERSION = 7              # 3: writes and commands checked in the engine (bad_value);
                                 # 4: abort, watchdog, the link answers while a command runs;
                                 # 5: the BAUD register; 6: resident data (its registers,
-                                # regions and the EPOCH and EVALUATE commands)
+                                # regions and the EPOCH and EVALUATE commands); 7: the
+                                # data_reads counter
 
 
 def read_only_values(build):

@@ -506,7 +506,8 @@ class Trainer:
         models = [self.energy] + [energy.EnergyModel(name, self.build) for name in
                                   energy.profiles_for(self.build, cfg.profile)[1:]]
         by_profile = {m.name: energy.report(m, train_counters, dense_run) for m in models}
-        # link and clock energy are in the run's counters only (energy.report)
+        # resident data, link and clock energy are in the run's counters only
+        # (energy.report)
         uncounted = sum(self.energy.grouped(train_counters)[g]
                         for g in energy.UNCOUNTED_IN_DENSE)
         last = history[-1]

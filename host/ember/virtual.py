@@ -394,6 +394,8 @@ class VirtualEngine:
         # each sample padded to a whole word (spec.sample_data_bytes)
         stride = spec.sample_data_bytes(K)
         x = self.data[:(n_train + self.regs["test_samples"]) * stride].reshape(-1, stride)[:, :K]
+        # the gather reads each sample's words once per batch it is in (data_reads)
+        sample_words = stride // spec.DATA_WORD_BYTES
         if epoch:
             batch = self.regs["batch"]
             words = [int(w) for w in self.schedule[:-(-n_train // batch)]]
@@ -404,6 +406,7 @@ class VirtualEngine:
                 if not dropped:
                     # the device does not trust the schedule: an LFSR cannot start at 0
                     settings = replace(settings, lfsr_seed=settings.lfsr_seed or 1)
+                    self.model.counters["data_reads"] += len(idx) * sample_words
                     self.correct += self.model.train_batch(x[idx], self.data_labels[idx],
                                                            settings)
             self._store_weights(wbase)
@@ -411,6 +414,7 @@ class VirtualEngine:
             self.test_correct, step = 0, self.build.max_batch
             for i in range(n_train, len(x), step):
                 batch_x = x[i:min(i + step, len(x))]
+                self.model.counters["data_reads"] += len(batch_x) * sample_words
                 predictions = self.model.infer(batch_x)
                 self.predictions[:len(batch_x)] = predictions
                 self.test_correct += int((predictions == self.data_labels[i:i + len(batch_x)])

@@ -31,10 +31,12 @@ activation write fills):
   busy (read, not latched; the order generator samples the key and n at the epoch's start).
 - ``sched_rd_addr`` Out(range(S)), ``sched_rd_data`` In(32): the schedule memory, one word per
   mini-batch, data the cycle after the address.
-- ``data_rd_addr`` Out (a word of ceil(data_bytes / 4)), ``data_rd_data`` In(32): the data
-  memory, one cycle latency. Each sample starts on a word: sample i is the W = ceil(K / 4)
-  words i * W .. i * W + W - 1, its input k byte k % 4 (bits 8 * (k % 4) up) of word
-  i * W + k // 4. The bytes past K in its last word are padding, never written to the core.
+- ``data_rd_addr`` Out (a word of ceil(data_bytes / 4)), ``data_rd_en`` Out(1),
+  ``data_rd_data`` In(32): the data memory, one cycle latency; ``data_rd_en`` is high in the
+  cycles whose word the gather uses (a ``data_reads`` event each, the shell's read
+  enable). Each sample starts on a word: sample i is the W = ceil(K / 4) words i * W ..
+  i * W + W - 1, its input k byte k % 4 (bits 8 * (k % 4) up) of word i * W + k // 4. The
+  bytes past K in its last word are padding, never written to the core.
 - ``dlabel_rd_addr`` Out(range(S)), ``dlabel_rd_data`` In(LABEL_BITS): sample i's label at
   address i. One cycle latency.
 - ``core_start`` Out(1): one-cycle strobe to the core; ``core_infer``, ``core_batch``,
@@ -72,8 +74,8 @@ Gather: a transpose of 4 x 4 bytes (a data word holds 4 inputs of one sample; an
 write holds one input of up to 4 samples). The batch's samples go in lane groups: slots p ..
 p + G - 1 (p a multiple of G; the batch's last group may be shorter), all in block s = p // P.
 For each word c = 0 .. W - 1 of the group's samples, the gather reads the group's word c one
-sample a cycle, in the last G of four read cycles (a short group's missing samples are read and
-ignored), and writes the activation words s * K + 4c + r for the inputs 4c + r below K, one a
+sample a cycle, in the last G of four read cycles (a short group's missing samples are not
+read), and writes the activation words s * K + 4c + r for the inputs 4c + r below K, one a
 cycle, byte r of every sample's word to its lane: 4 writes, or R = K - 4(W - 1) for the last
 word. The first G - 1 words wait in a shift register; in the cycle the last arrives, row 0
 (input 4c) is written from them and the other rows go to a drain, written a row a cycle while
@@ -188,6 +190,7 @@ class EpochSequencer(wiring.Component):
             "sched_rd_addr": Out(range(build.data_samples)),
             "sched_rd_data": In(spec.BUS_DATA_BITS),
             "data_rd_addr": Out(range(self.data_words)),
+            "data_rd_en": Out(1),
             "data_rd_data": In(spec.BUS_DATA_BITS),
             "dlabel_rd_addr": Out(range(build.data_samples)),
             "dlabel_rd_data": In(spec.LABEL_BITS),
@@ -359,8 +362,14 @@ class EpochSequencer(wiring.Component):
         last_word = sample_word == W - 1
         word_read_end = reading & (read_cycle == WORD_CYCLES - 1)
         group_read_end = word_read_end & last_word
-        m.d.comb += self.data_rd_addr.eq(
-            Array(group_offsets)[read_cycle[:exact_log2(G)]] + sample_word)
+        slot = read_cycle[:exact_log2(G)]
+        m.d.comb += [
+            self.data_rd_addr.eq(Array(group_offsets)[slot] + sample_word),
+            # a word is read for each of the group's samples, none for a short group's
+            # missing ones (the data_reads events)
+            self.data_rd_en.eq(reading & (read_cycle >= WORD_CYCLES - G)
+                               & (slot < group_samples)),
+        ]
 
         with m.If(reading):
             m.d.sync += read_cycle.eq(read_cycle + 1)

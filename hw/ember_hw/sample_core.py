@@ -288,8 +288,10 @@ class SampleCore(wiring.Component):
         schedule = memory("schedule_mem", spec.BUS_DATA_BITS, bld.data_samples, "sched")
         # the sequencer is frozen while the core stalls its gather (EpochSequencer.stall):
         # its memories' reads hold their data with it
-        m.d.comb += [port.en.eq(~core.gather_stall) for port in (data, labels, schedule)]
-        m.d.comb += [data.addr.eq(seq.data_rd_addr), seq.data_rd_data.eq(data.data),
+        # (the data memory only for the words the gather uses: data_reads counts them)
+        m.d.comb += [port.en.eq(~core.gather_stall) for port in (labels, schedule)]
+        m.d.comb += [data.en.eq(seq.data_rd_en & ~core.gather_stall),
+                     data.addr.eq(seq.data_rd_addr), seq.data_rd_data.eq(data.data),
                      labels.addr.eq(seq.dlabel_rd_addr), seq.dlabel_rd_data.eq(labels.data),
                      schedule.addr.eq(seq.sched_rd_addr), seq.sched_rd_data.eq(schedule.data),
                      seq.start_epoch.eq(regs.start_epoch),
@@ -343,6 +345,9 @@ class SampleCore(wiring.Component):
         m.d.comb += [inc.act_writes.eq(core.inc.act_writes + written),
                      inc.link_rx_bytes.eq(self.link_rx), inc.link_tx_bytes.eq(self.link_tx),
                      inc.cycles.eq(self.running)]
+        if self.seq is not None:
+            # the resident data unit's data-memory words (a read the stall holds is not one)
+            m.d.comb += inc.data_reads.eq(self.seq.data_rd_en & ~core.gather_stall)
         # (in CYCLE_KINDS' order, not a set's: the Verilog must not change between
         # processes, or every run rebuilds the simulated board)
         for cycles in dict.fromkeys(CYCLE_KINDS.values()):
