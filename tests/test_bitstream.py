@@ -1,12 +1,13 @@
 """Real bitstreams from a fresh clone, with the YoWASP tools from PyPI (Amaranth platform, PLL,
 Yosys, nextpnr, icepack/ecppack): the ULX3S flow builds the board's own 32-lane engine
-(spec.BUILDS["ulx3s"], with its floorplan) and the 4-lane engine (spec.BUILDS["tiny"]) on the
-ECP5-85F; the iCEBreaker flow builds the board's own engine (spec.BUILDS["icebreaker"]) on
-the iCE40UP5K. Each meets timing at its PLL clock and writes a report.json with every field
-docs/boards.md describes.
+(spec.BUILDS["ulx3s"], with its floorplan) on the ECP5-85F; the iCEBreaker flow builds the
+board's own engine (spec.BUILDS["icebreaker"]) on the iCE40UP5K. Each meets timing at its PLL
+clock and writes a report.json with every field docs/boards.md describes.
 
-The 32-lane build takes about 8 minutes of single-threaded place and route (docs/boards.md),
-the 4-lane one about 2, the iCEBreaker about 1.
+The 32-lane build takes 10 to 20 minutes of single-threaded place and route (docs/boards.md),
+the iCEBreaker about 1 to 3. The 4-lane `tiny` engine on the ULX3S (`--build tiny`) checks
+the same flow on a smaller design and is left to the command line: the board's own build
+covers every step of it.
 """
 
 import json
@@ -21,11 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.bitstream
-@pytest.mark.parametrize("engine_build", ["ulx3s", "tiny"])
-def test_ulx3s_bitstream_meets_timing(monkeypatch, engine_build):
+def test_ulx3s_bitstream_meets_timing(monkeypatch):
+    engine_build = "ulx3s"
     # YoWASP tools see the working directory tree only: build below the repository
     monkeypatch.chdir(ROOT)
-    out = Path("build") / f"test-ulx3s-{engine_build}"
+    out = Path("build") / "test-ulx3s"
     report, problems = board_build.build("ulx3s", out, engine_build=engine_build)
     assert problems == [], problems
     assert report["stage"] == "done", report["errors"]
