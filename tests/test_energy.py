@@ -254,7 +254,7 @@ def test_a_ulx3s_build_run_reports_ecp5_85f_and_horowitz45(digits):
     assert held["weights_sha256"] == r["weights_sha256"]
     assert held["energy_by_profile"]["ecp5-85f"]["energy_pj"] < 0.01 * r["energy_pj"]
     # the resident run reads its data memory (an ASIC charges it, the ECP5's block RAM is
-    # priced 0); saved leaves it out, as the dense step reads no data memory
+    # priced 0), and so does its dense baseline: with every batch kept, the same saving
     h_held = held["energy_by_profile"]["horowitz45"]
     h_stream = r["energy_by_profile"]["horowitz45"]
     assert h_stream["energy_breakdown"]["data_memory"] == 0.0
@@ -263,4 +263,5 @@ def test_a_ulx3s_build_run_reports_ecp5_85f_and_horowitz45(digits):
                                     * energy.EnergyModel("horowitz45", ULX)
                                     .per_event["data_reads"]) and data_pj > 0
     assert h_held["energy_pj"] == pytest.approx(h_stream["energy_pj"] + data_pj)
+    assert h_held["dense_energy_pj"] == pytest.approx(h_stream["dense_energy_pj"] + data_pj)
     assert h_held["saved_pj"] == pytest.approx(h_stream["saved_pj"])

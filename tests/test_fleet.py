@@ -114,7 +114,9 @@ def test_same_weights_whatever_order_the_devices_finish(clean_run, tmp_path):
 def test_one_device_one_round_per_epoch_is_plain_ember_train(tmp_path):
     args = ["train", "--quiet", "--preset", "all", "--ssprop-variant", "random",
             "--epochs", "3", "--seed", "2"]
-    assert cli.main([*args, "--json", str(tmp_path / "plain.json")]) == 0
+    # a fleet streams its shards: plain ember train streaming too (on the sim build it
+    # would keep the data on the device, which reads its data memory and moves fewer bytes)
+    assert cli.main([*args, "--resident", "off", "--json", str(tmp_path / "plain.json")]) == 0
     assert cli.main([*args, "--boards", "1", "--json", str(tmp_path / "fleet.json")]) == 0
     plain = json.loads((tmp_path / "plain.json").read_text())
     one = json.loads((tmp_path / "fleet.json").read_text())
@@ -122,12 +124,8 @@ def test_one_device_one_round_per_epoch_is_plain_ember_train(tmp_path):
     assert [h["test_accuracy"] for h in one["history"]] == \
         [h["test_accuracy"] for h in plain["history"]]
     assert one["dense_energy_pj"] == pytest.approx(plain["dense_energy_pj"], rel=1e-12)
-    # plain ember train keeps the data on the device (resident auto), a fleet streams it:
-    # how the samples arrive differs (the link, the data memory's reads), not the work
-    exact = (set(spec.EXACT_COUNTERS) - {"link_rx_bytes", "link_tx_bytes", "data_reads"}
-             | {"skip_smd"})
+    exact = set(spec.EXACT_COUNTERS) - {"link_rx_bytes", "link_tx_bytes"} | {"skip_smd"}
     assert {k: one["counters"][k] for k in exact} == {k: plain["counters"][k] for k in exact}
-    assert one["counters"]["data_reads"] == 0 < plain["counters"]["data_reads"]
 
 
 def small_data(samples=128):

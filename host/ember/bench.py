@@ -271,8 +271,8 @@ def profile_ratios(runs_by_config, profiles=BENCH_PROFILES):
         order = sorted(means, key=means.get)
         out[m.name] = {c: {"energy_pj_mean": e, "energy_ratio": e / means["baseline"],
                            "rank": order.index(c) + 1,
-                           # the engine's arithmetic and memories alone (resident data,
-                           # link and clock left out: energy.UNCOUNTED_IN_DENSE)
+                           # arithmetic and memory alone (link and clock left out:
+                           # energy.UNCOUNTED_IN_DENSE)
                            "compute_ratio": compute[c] / compute["baseline"], **shares[c]}
                        for c, e in means.items()}
     return out

@@ -74,25 +74,31 @@ _CHECKPOINT_KEYS = ("epoch", "settings", "build", "data_sha256", "weights", "wei
                     "link_seq")
 
 
-def dense_counters(layers, build, batch):
+def dense_counters(layers, build, batch, resident=False):
     """The counters of one dense baseline step of `batch` samples (SGD, every layer, no
-    skipping). With zero skipping off they do not depend on the data."""
+    skipping). With zero skipping off they do not depend on the data. `resident`: the run
+    trains from the device's data memory, so the dense step reads its samples from there too
+    (`data_reads`: each sample's words, as the gather does)."""
     m = golden.GoldenModel(build)
     m.configure(layers)
     x = np.zeros((batch, layers[0]), dtype=np.int64)
     m.train_batch(x, np.zeros(batch, dtype=np.int64))
     # the dense baseline writes every weight it updates (no write enable on unchanged ones)
     m.counters["weight_writes"] = sum(k * n for k, n in zip(layers[:-1], layers[1:]))
+    if resident:
+        m.counters["data_reads"] = batch * spec.sample_data_bytes(layers[0]) \
+            // spec.DATA_WORD_BYTES
     return m.counters
 
 
-def dense_run_counters(layers, build, samples, batch_size, epochs):
+def dense_run_counters(layers, build, samples, batch_size, epochs, resident=False):
     """The dense baseline's counters over a whole run: every batch of every epoch (the
-    trainer's batches: `samples` in steps of `batch_size`, the last one short)."""
+    trainer's batches: `samples` in steps of `batch_size`, the last one short); `resident`
+    as for dense_counters."""
     total = {}
     sizes = [min(batch_size, samples - i) for i in range(0, samples, batch_size)]
     for b in set(sizes):
-        c = dense_counters(layers, build, b)
+        c = dense_counters(layers, build, b, resident)
         for k, v in c.items():
             total[k] = total.get(k, 0) + v * sizes.count(b) * epochs
     return total
@@ -464,7 +470,8 @@ class Trainer:
             sched = draw_epoch(cfg, base, n, s.shuffle, s.smd, s.slu, s.lfsr)
             for b, drop in zip(sched.batch_sizes(), sched.drops):
                 if b not in dense_cache:
-                    dense_cache[b] = self.energy.total(dense_counters(self.layers, self.build, b))
+                    dense_cache[b] = self.energy.total(
+                        dense_counters(self.layers, self.build, b, self.resident[0]))
                 s.dense_energy += dense_cache[b]
                 s.train_counters["skip_smd"] += b * dense_per_sample if drop else 0
             dropped = sum(sched.drops)
@@ -502,12 +509,12 @@ class Trainer:
         self.final = (s, weights)
         train_counters, dense_energy, history = s.train_counters, s.dense_energy, s.history
         spent = self.energy.total(train_counters)
-        dense_run = dense_run_counters(self.layers, self.build, n, cfg.batch_size, cfg.epochs)
+        dense_run = dense_run_counters(self.layers, self.build, n, cfg.batch_size, cfg.epochs,
+                                       self.resident[0])
         models = [self.energy] + [energy.EnergyModel(name, self.build) for name in
                                   energy.profiles_for(self.build, cfg.profile)[1:]]
         by_profile = {m.name: energy.report(m, train_counters, dense_run) for m in models}
-        # resident data, link and clock energy are in the run's counters only
-        # (energy.report)
+        # link and clock energy are in the run's counters only (energy.report)
         uncounted = sum(self.energy.grouped(train_counters)[g]
                         for g in energy.UNCOUNTED_IN_DENSE)
         last = history[-1]
