@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember import api, cli, data
+from ember import api, cli, data, spec
 
 from test_scaling import E2TRAIN_DIGITS_SHA256, wide_range_set
 
@@ -167,3 +167,17 @@ def test_the_readme_shows_the_first_example_as_it_is():
     block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert block in (ROOT / "examples" / "train_on_board.py").read_text()
     assert "ember.open_device(target)" in block
+
+
+def test_a_loaded_network_reports_the_energy_of_its_run(tmp_path):
+    """On a board build the profile charges link and clock energy, which saved leaves out:
+    a checkpoint's report (recomputed from its counters) says what the run's said."""
+    with ember.open_device("model", build=spec.BUILDS["icebreaker"]) as device:
+        net = ember.train(device, ember.load_dataset("digits"), preset="slu", epochs=1,
+                          batch_size=16)
+        net.save(tmp_path / "net.ckpt")
+    e, again = net.energy, ember.load_checkpoint(tmp_path / "net.ckpt").energy
+    assert e.profile == again.profile == "ice40up5k"
+    assert e.by_component_pj["link"] > 0
+    for field in ("energy_pj", "dense_energy_pj", "saved_pj", "saved_fraction"):
+        assert getattr(again, field) == pytest.approx(getattr(e, field)), field

@@ -114,13 +114,17 @@ class EnergyReport:
 
     @classmethod
     def from_counters(cls, counters, dense_energy_pj, profile, build):
-        """The report of accumulated training counters (spec.COUNTERS plus skip_smd)."""
+        """The report of accumulated training counters (spec.COUNTERS plus skip_smd). Saved
+        compares what the dense baseline counts: link and clock energy are left out of it
+        (energy.UNCOUNTED_IN_DENSE), as in the trainer's report."""
         model = energy.EnergyModel(profile, build)
-        spent = model.total(counters)
+        grouped = model.grouped(counters)
+        spent = sum(grouped.values())
+        comparable = spent - sum(grouped[g] for g in energy.UNCOUNTED_IN_DENSE)
         return cls(energy_pj=spent, dense_energy_pj=dense_energy_pj,
-                   saved_pj=dense_energy_pj - spent,
-                   saved_fraction=1.0 - spent / dense_energy_pj if dense_energy_pj else 0.0,
-                   by_component_pj=model.grouped(counters),
+                   saved_pj=dense_energy_pj - comparable,
+                   saved_fraction=1.0 - comparable / dense_energy_pj if dense_energy_pj else 0.0,
+                   by_component_pj=grouped,
                    skipped_macs={r: counters.get(f"skip_{r}", 0) for r in spec.SKIP_REASONS},
                    samples=counters.get("samples", 0), cycles=counters.get("cycles", 0),
                    profile=model.name)
