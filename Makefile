@@ -40,7 +40,7 @@ train: $(STAMP)
 	$(BIN)/ember train --backend sim --preset e2train --reference $(ARGS)
 
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -n 2 --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m ember.bench $(ARGS)
