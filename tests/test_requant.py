@@ -1,7 +1,9 @@
 """The dX requantizer (ember_hw.requant.DxRequantizer) alone in the Amaranth simulator, with the
 engine's RoundingShifter, against the golden model's input-gradient step: the batch's scale
 max(0, bit_length(max |dX|) - 15) and saturate_grad(round_shift(dx, shift)), for batches whose
-largest magnitude needs every scale 0..DX_SHIFT_MAX, the most negative dX included."""
+largest magnitude needs every scale 0..DX_SHIFT_MAX, the most negative dX included; one entry
+a cycle (engine v1, v2 at 8 lanes or fewer) and four (v2's dX drain at 32 lanes), where the
+entries not tracked in a cycle hold values larger than the batch's, which must not count."""
 
 import numpy as np
 import pytest
@@ -32,9 +34,10 @@ def batches():
     return out
 
 
-def test_requantizer_matches_golden():
+@pytest.mark.parametrize("entries", [1, 4])
+def test_requantizer_matches_golden(entries):
     m = Module()
-    m.submodules.rq = rq = DxRequantizer()
+    m.submodules.rq = rq = DxRequantizer(entries)
     m.submodules.shifter = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
     m.d.comb += [shifter.shift.eq(rq.shift), rq.rounded.eq(shifter.out)]
     got = []
@@ -44,19 +47,25 @@ def test_requantizer_matches_golden():
             ctx.set(rq.clear, 1)
             await ctx.tick()
             ctx.set(rq.clear, 0)
-            ctx.set(rq.track, 1)
-            for v in dx:                    # the input-gradient pass writes the entries
-                ctx.set(rq.dx, int(v))
+            # the input-gradient pass writes the entries, `entries` a cycle; the last
+            # cycle's missing ones are untracked and hold the most negative dX
+            for at in range(0, len(dx), entries):
+                chunk = [int(v) for v in dx[at:at + entries]]
+                ctx.set(rq.track, (1 << len(chunk)) - 1)
+                for i in range(entries):
+                    ctx.set(rq.dx[i], chunk[i] if i < len(chunk) else -(1 << 31))
                 await ctx.tick()
             ctx.set(rq.track, 0)
+            ctx.set(rq.dx[0], -(1 << 31))
+            await ctx.tick()                # an untracked cycle changes nothing
             ctx.set(rq.latch, 1)
             await ctx.tick()
             ctx.set(rq.latch, 0)
             shift = ctx.get(rq.shift)
             dy = []
             # one entry a cycle into the shifter; dy three cycles after it is taken
-            entries = [int(v) for v in dx] + [0, 0, 0]
-            for i, v in enumerate(entries):
+            queue = [int(v) for v in dx] + [0, 0, 0]
+            for i, v in enumerate(queue):
                 ctx.set(shifter.en, 1)
                 ctx.set(shifter.value, v)
                 if i >= 3:

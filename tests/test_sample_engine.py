@@ -166,10 +166,12 @@ def test_a_malformed_phase_faults(damage):
     assert out["events"]["mac_forward"] == 0 and out["events"]["infer_samples"] == 0
 
 
-#: Builds of 2, 4 and 8 lanes (the batch fills one to eight sample blocks).
+#: Builds of 2, 4 and 8 lanes (the batch fills one to eight sample blocks), and of 16 and
+#: 32 (one or two blocks), whose dX drain writes 2 and 4 lanes a cycle (Build.drain_lanes).
 LANE_BUILDS = {P: spec.Build(name=f"lanes{P}", lanes=P, weight_words=2048 // P,
-                             act_bytes=1024, grad_words=128, scratch_entries=512, max_batch=16,
-                             max_layers=4, max_width=32) for P in (2, 4, 8)}
+                             act_bytes=max(1024, 64 * P), grad_words=128, scratch_entries=512,
+                             max_batch=max(16, 2 * P), max_layers=4, max_width=32)
+               for P in (2, 4, 8, 16, 32)}
 
 
 #: A build whose weights are in one SPRAM (single port): the core's single-port schedule on

@@ -1,7 +1,8 @@
 """The forward writeback unit (ember_hw.writeback.ForwardWriteback) alone in the Amaranth
 simulator, with the engine's RoundingShifter and a snapshot of P sums in the testbench, against
 golden.requantize: hidden layers write ReLU-saturated bytes, the output layer saturated logits,
-only the lanes that hold outputs, one lane per cycle, with the timing of its docstring."""
+only the lanes that hold outputs, one lane per cycle or a group of 2 or 4 (a shifter per lane
+of a group), with the timing of its docstring."""
 
 import numpy as np
 import pytest
@@ -16,18 +17,34 @@ P = 4
 VALUE_BITS = 30
 
 
-def harness():
+def harness(drain):
     m = Module()
     m.submodules.wb = wb = ForwardWriteback(P, VALUE_BITS, act_addr_bits=10, grad_addr_bits=6,
-                                            shift_bits=5)
-    m.submodules.shifter = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
-    m.d.comb += [shifter.en.eq(wb.take), shifter.shift.eq(wb.take_shift),
-                 wb.rounded.eq(shifter.out)]
-    return m, wb, shifter
+                                            shift_bits=5, drain=drain)
+    shifters = []
+    for i in range(drain):
+        m.submodules[f"shifter{i}"] = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
+        m.d.comb += [shifter.en.eq(wb.take), shifter.shift.eq(wb.take_shift),
+                     wb.rounded[i].eq(shifter.out)]
+        shifters.append(shifter)
+    return m, wb, shifters
 
 
+def lanes_of(value, bits, mask, first):
+    """(lane, entry) of each set bit i of `mask`: lane first + i, bits [i * bits, ...)."""
+    return [(first + i, value >> (i * bits) & ((1 << bits) - 1))
+            for i in range(len(bin(mask)) - 2) if mask >> i & 1]
+
+
+def test_a_group_divides_the_lanes():
+    with pytest.raises(ValueError, match="divides the 4 lanes"):
+        ForwardWriteback(P, VALUE_BITS, 10, 6, 5, drain=3)
+
+
+@pytest.mark.parametrize("drain", [1, 2, 4])
 @pytest.mark.parametrize("last", [False, True])
-def test_writeback_requantizes_like_golden(last):
+def test_writeback_requantizes_like_golden(last, drain):
+    D, G = drain, P // drain
     rng = np.random.default_rng(int(last))
     lo, hi = -(1 << (VALUE_BITS - 1)) + 1, (1 << (VALUE_BITS - 1)) - 1
     blocks = []
@@ -37,7 +54,7 @@ def test_writeback_requantizes_like_golden(last):
         sums[1] = -(1 << (shift + 3))
         lanes_on = int(rng.integers(1, 1 << P))
         blocks.append((sums, shift, lanes_on, int(rng.integers(0, 900)), int(rng.integers(0, 60))))
-    m, wb, shifter = harness()
+    m, wb, shifters = harness(drain)
     writes, timing = [], []
 
     async def bench(ctx):
@@ -47,7 +64,8 @@ def test_writeback_requantizes_like_golden(last):
                 await ctx.tick()
                 cycle += 1
             snapshot = list(sums)
-            ctx.set(shifter.value, snapshot[0])
+            for i, shifter in enumerate(shifters):
+                ctx.set(shifter.value, snapshot[i])
             for port, v in ((wb.start, 1), (wb.last, last), (wb.shift, shift),
                             (wb.lanes_on, lanes_on), (wb.act_addr, act_addr),
                             (wb.grad_word, word)):
@@ -62,18 +80,23 @@ def test_writeback_requantizes_like_golden(last):
                     takes.append(cycle - start)
                 if ctx.get(wb.act_wr_en):
                     written.append(cycle - start)
-                    writes.append(("act", ctx.get(wb.act_wr_addr), ctx.get(wb.act_wr_data)))
+                    writes += [("act", lane, v) for lane, v in lanes_of(
+                        ctx.get(wb.act_wr_data), spec.ACT_BITS, ctx.get(wb.act_wr_mask),
+                        ctx.get(wb.act_wr_addr))]
                 if ctx.get(wb.grad_wr_en):
                     written.append(cycle - start)
-                    writes.append(("grad", ctx.get(wb.grad_wr_word), ctx.get(wb.grad_wr_lane),
-                                   ctx.get(wb.grad_wr_value)))
+                    writes += [("grad", ctx.get(wb.grad_wr_word), lane, v)
+                               for lane, v in lanes_of(
+                                   ctx.get(wb.grad_wr_value), spec.LOGIT_BITS,
+                                   ctx.get(wb.grad_wr_mask), ctx.get(wb.grad_wr_lane))]
                 take = ctx.get(wb.take)
                 busy = ctx.get(wb.busy)
                 await ctx.tick()
                 cycle += 1
-                if take:            # the snapshot moves down a lane
-                    snapshot = snapshot[1:] + snapshot[-1:]
-                    ctx.set(shifter.value, snapshot[0])
+                if take:            # the snapshot moves down D lanes
+                    snapshot = snapshot[D:] + snapshot[-D:]
+                    for i, shifter in enumerate(shifters):
+                        ctx.set(shifter.value, snapshot[i])
                 if not busy and cycle - start > 2:
                     break
             timing.append((takes, written, cycle - start))
@@ -91,6 +114,6 @@ def test_writeback_requantizes_like_golden(last):
                             else ("act", act_addr + i, int(y[i])))
     assert writes == want, (writes, want, blocks)
     for (takes, written, span), (_, _, lanes_on, _, _) in zip(timing, blocks):
-        assert takes == [2 + i for i in range(P)]
-        assert written == [5 + i for i in range(P) if lanes_on >> i & 1]
-        assert span == P + 6          # busy from s + 1 to s + P + 4, seen low in s + P + 5
+        assert takes == [2 + g for g in range(G)]
+        assert written == [5 + g for g in range(G) if lanes_on >> (g * D) & ((1 << D) - 1)]
+        assert span == G + 6          # busy from s + 1 to s + G + 4, seen low in s + G + 5

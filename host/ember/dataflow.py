@@ -330,7 +330,8 @@ UPDATE_WRITE_DISTANCE = spec.GRAD_HOLD
 UPDATE_READ_LEAD = UPDATE_WRITE_DISTANCE - UPDATE_WRITE_LATENCY
 #: Cycles from a phase's last step to the end of its drain, per kind, for P lanes: the
 #: pipeline's stages, and the forward writeback's P + 4 busy cycles after the snapshot, the
-#: dX drain's lane a cycle, the update's three stages after the weight gradient's sum.
+#: dX drain's P / Build.drain_lanes cycles (called with that), the update's three stages
+#: after the weight gradient's sum.
 _DRAIN = {"forward": lambda P: SNAP_LATENCY + P + 5, "logits": lambda P: SNAP_LATENCY + P + 5,
           "argmax": lambda P: 3, "loss": lambda P: 3,
           "select": lambda P: 3 + SCORE_TREE_STAGES,
@@ -417,7 +418,8 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
       forward, logits: a group's last step waits for the writeback unit, busy P + 4 cycles
                        after each snapshot: n_inner + (G - 1) * max(n_inner,
                        P + WRITEBACK_GAP);
-      input_grad:      the same with the dX drain's P cycles: max(n_inner, P + 1);
+      input_grad:      the same with the dX drain's P / D cycles (D = Build.drain_lanes
+                       lanes a cycle): max(n_inner, P / D + 1);
       loss:            a step per sample, each the softmax-gradient unit's 3N + 23 cycles
                        (ember_hw.loss) and 4 of the runner's; a dead sample's (sample_live)
                        one;
@@ -448,7 +450,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     if kind in ("forward", "logits"):
         run = inner + (groups - 1) * max(inner, P + WRITEBACK_GAP)
     elif kind == "input_grad":
-        run = inner + (groups - 1) * max(inner, P + 1)
+        run = inner + (groups - 1) * max(inner, P // build.drain_lanes + 1)
     elif kind == "loss":
         walked = bounds[SAMPLE_LEVEL[kind]] * bounds[LANE_LEVEL[kind]]
         live = min(batch, walked)
@@ -461,7 +463,8 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     if kind == "select":
         run += (HEADER_ONLY_CYCLES + _book_cycles(build)
                 + _selector_cycles(build, batch, ph.outputs, settings) + ph.outputs + 2)
-    return PHASE_OVERHEAD + run + _DRAIN[kind](P)
+    return PHASE_OVERHEAD + run + _DRAIN[kind](
+        P // build.drain_lanes if kind == "input_grad" else P)
 
 
 def program_cycle_bound(phases, build, batch, settings=None):
@@ -1071,7 +1074,10 @@ def _input_grad(run, ph):
         if last[INNER]:
             dx = np.where(relu, saturate(acc, spec.DX_BITS), 0)
             lanes = int(live.sum())
-            mem.scratch[addr["o"]:addr["o"] + lanes] = dx[:lanes]
+            # the drain writes drain_lanes entries a cycle, from o rounded down to a
+            # multiple of them (the compiler's o is a multiple of P)
+            o = addr["o"] - addr["o"] % mem.build.drain_lanes
+            mem.scratch[o:o + lanes] = dx[:lanes]
             run.dx_max = max([run.dx_max] + [abs(int(v)) for v in dx[:lanes]])
             c["grad_writes"] += lanes
     run.dx_shift = max(0, bit_length(run.dx_max) - (spec.GRAD_BITS - 1))

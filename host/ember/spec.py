@@ -127,6 +127,10 @@ SPRAM_WORDS = 16384
 SPRAM_BLOCKS = 4
 
 
+#: Engine v2's dX drain empties the lanes' snapshot in this many cycles (Build.drain_lanes).
+DX_DRAIN_CYCLES = 8
+
+
 #: An epoch's sample order (ember.schedule.epoch_order, the resident data unit's order
 #: generator): a 4-round Feistel permutation keyed by ORDER_KEY_BITS, round i's key the byte
 #: 8i.. of the key, so each half has at most 8 bits and an order at most 2**16 samples.
@@ -285,6 +289,10 @@ class Build:
                               "be 1 or more")
         if self.lanes < 2 or self.lanes & (self.lanes - 1):
             raise ConfigError(f"lanes {self.lanes} must be a power of two >= 2")
+        if self.dataflow == "samples" and self.scratch_entries % self.drain_lanes:
+            raise ConfigError(f"build '{self.name}': the dX scratch's {self.scratch_entries} "
+                              f"entries must fill its {self.drain_lanes} banks evenly "
+                              f"(Build.drain_lanes at {self.lanes} lanes)")
         if self.weight_spram and self.dataflow == "samples":
             # engine v2 reads one weight a cycle for every lane: all of them in one SPRAM
             if self.weight_words * self.lanes > SPRAM_WORDS:
@@ -296,6 +304,14 @@ class Build:
             raise ConfigError(f"build '{self.name}': weights in SPRAM take one SB_SPRAM256KA per "
                               f"lane and at most {SPRAM_WORDS} words; lanes {self.lanes} (at most "
                               f"{SPRAM_BLOCKS}), weight_words {self.weight_words}")
+
+    @property
+    def drain_lanes(self):
+        """Engine v2's dX drain: the lanes' input-gradient sums it writes to the dX scratch a
+        cycle (ember_hw.sample_engine), so that P lanes drain in DX_DRAIN_CYCLES cycles and
+        keep up with a group of that many outputs or more (10 classes on 32 lanes: 8 cycles,
+        not 32). The scratch is that many banks, entry e in bank e % drain_lanes."""
+        return max(1, self.lanes // DX_DRAIN_CYCLES)
 
     # Accumulator widths: each as wide as the largest sum this build can form (signed, so
     # one bit more than the magnitude), so no sum overflows and the gateware stays bit-exact

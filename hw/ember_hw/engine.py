@@ -1115,7 +1115,7 @@ class EngineCore(wiring.Component):
         m.d.comb += [s.wb.rounded.eq(s.rq_out), s.requant.rounded.eq(s.rq_out)]
         # (the entry is not gated by the phase: only `track` is, so that no path runs from the
         # sequencer's state through |dX| and its comparison into the maximum's enable)
-        m.d.comb += s.requant.dx.eq(s.s3_dx)
+        m.d.comb += s.requant.dx[0].eq(s.s3_dx)
         with m.If(s.wb.take):
             m.d.comb += [s.u_shift_down.eq(1), s.rq_take_head.eq(1),
                          s.rq_head_shift.eq(s.wb.take_shift)]

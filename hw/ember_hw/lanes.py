@@ -1,5 +1,6 @@
 """The MAC lanes: P multipliers with registered operands and products, P accumulators, and the
-snapshot of the accumulators that the writeback and update units read one lane at a time.
+snapshot of the accumulators that the writeback and update units read one lane at a time and
+the input gradient's dX drain reads ``drain`` lanes at a time.
 
 Golden twin: the integer sums of ``ember.golden`` -- each lane forms one of them, one product
 per cycle: a forward output ``x @ W.T`` (GoldenModel._forward), a weight gradient
@@ -8,7 +9,7 @@ lanes by the engine, an input gradient ``dY @ W``. The accumulators are as wide 
 largest sum (spec.Build.lane_acc_bits), so no sum wraps and the lanes equal the golden model's
 exact integers.
 
-`MacLanes(lanes, operand_bits, acc_bits)`. Vectors hold lane i at bits
+`MacLanes(lanes, operand_bits, acc_bits, drain=1)`. Vectors hold lane i at bits
 ``[i * w, (i + 1) * w)`` (``operand(vector, i)`` and friends pick a lane's slice).
 
 Ports (sync domain):
@@ -32,6 +33,11 @@ Ports (sync domain):
               the top lane keeps its own), so a reader takes lane after lane at ``head``
               with no P-way multiplexer.
   head:       Out(signed(acc_bits)) -- the snapshot's lane 0.
+  snap_drain: In(1) -- the snapshot moves down ``drain`` lanes (lane i takes lane i + drain's
+              value; the top ``drain`` lanes keep their own), so a reader takes ``drain``
+              lanes a cycle at ``heads`` (spec.Build.drain_lanes: the dX drain keeps up with
+              a narrow layer's groups on a wide build).
+  heads:      Out(signed(acc_bits)).array(drain) -- the snapshot's lanes 0 .. drain - 1.
 
 All registers are reset-less: every phase writes the operands, products and accumulators
 before it reads them, and a reset net to thousands of flip-flops only costs routing.
@@ -53,10 +59,16 @@ class MacLanes(wiring.Component):
     lanes:         P.
     operand_bits:  width of each (signed) operand.
     acc_bits:      width of each (signed) accumulator and of the snapshot.
+    drain:         the lanes ``snap_drain`` moves and ``heads`` shows (a power of two that
+                   divides lanes).
     """
 
-    def __init__(self, lanes, operand_bits, acc_bits):
+    def __init__(self, lanes, operand_bits, acc_bits, drain=1):
+        if drain < 1 or lanes % drain or drain & (drain - 1):
+            raise ValueError(f"the snapshot drains a power of two of lanes that divides the "
+                             f"{lanes} lanes, not {drain}")
         self.lanes, self.operand_bits, self.acc_bits = lanes, operand_bits, acc_bits
+        self.drain = drain
         super().__init__({
             "a": In(lanes * operand_bits),
             "b": In(lanes * operand_bits),
@@ -70,6 +82,8 @@ class MacLanes(wiring.Component):
             "snap": In(1),
             "snap_shift": In(1),
             "head": Out(signed(acc_bits)),
+            "snap_drain": In(1),
+            "heads": Out(signed(acc_bits)).array(drain),
         })
 
     def operand_a(self, i):
@@ -90,7 +104,7 @@ class MacLanes(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        P, OPND, ACC = self.lanes, self.operand_bits, self.acc_bits
+        P, OPND, ACC, D = self.lanes, self.operand_bits, self.acc_bits, self.drain
         op_a = [Signal(signed(OPND), name=f"op_a{i}", reset_less=True) for i in range(P)]
         op_b = [Signal(signed(OPND), name=f"op_b{i}", reset_less=True) for i in range(P)]
         prod_r = [Signal(signed(2 * OPND), name=f"prod_r{i}", reset_less=True)
@@ -113,10 +127,14 @@ class MacLanes(wiring.Component):
                 m.d.sync += acc[i].eq(Mux(self.acc_first, 0, acc[i]) + prod_r[i])
             with m.If(self.snap):
                 m.d.sync += snap[i].eq(acc[i])
-            if i + 1 < P:
-                with m.Elif(self.snap_shift):
-                    m.d.sync += snap[i].eq(snap[i + 1])
+            # one lane down, or `drain` lanes (the same move when drain is 1)
+            moves = ([(self.snap_shift | self.snap_drain, 1)] if D == 1 else
+                     [(self.snap_shift, 1), (self.snap_drain, D)])
+            for move, by in moves:
+                if i + by < P:
+                    with m.Elif(move):
+                        m.d.sync += snap[i].eq(snap[i + by])
             m.d.comb += [self.products.word_select(i, 2 * OPND).eq(prod_r[i]),
                          self.acc.word_select(i, ACC).eq(acc[i])]
-        m.d.comb += self.head.eq(snap[0])
+        m.d.comb += [self.head.eq(snap[0])] + [self.heads[i].eq(snap[i]) for i in range(D)]
         return m

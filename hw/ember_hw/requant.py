@@ -6,16 +6,19 @@ Golden twin: the input-gradient step of ``ember.golden.GoldenModel.train_batch``
 ``dy_below = saturate_grad(round_shift(dx, shift))``; the shift also enters the update-shift
 correction of the layers below (WEIGHT_FRAC_BITS - shift).
 
-The unit keeps the batch's largest |dX| while the input-gradient pass writes the entries
+The unit keeps the OR of the batch's |dX| while the input-gradient pass writes the entries
 (``track``), turns it into the scale (``latch``: a leading-one detector), and saturates each
 entry after the engine's shared RoundingShifter (ember_hw.arith) has rounded it by that scale.
+The scale depends on max |dX| only through its bit length, and the bit length of the OR of
+the magnitudes is the bit length of the largest: so the unit takes ``entries`` values a cycle
+(the v2 engine's dX drain, spec.Build.drain_lanes) with no compare between them.
 The sequencer owns the loop: it reads the scratch entries in order, feeds them to the shifter
 with ``shift`` and writes ``dy`` to the gradient memory.
 
-`DxRequantizer()`. Ports (sync domain):
-  clear:    In(1) -- the largest |dX| to 0 (a new layer's pass).
-  track:    In(1), dx: In(signed(DX_BITS)) -- an entry of the pass; the largest |dX| follows
-            it at the end of the cycle.
+`DxRequantizer(entries=1)`. Ports (sync domain):
+  clear:    In(1) -- the OR of |dX| to 0 (a new layer's pass).
+  track:    In(entries), dx: In(signed(DX_BITS)).array(entries) -- entry i of the pass where
+            track[i] is set; the OR of |dX| takes it at the end of the cycle.
   latch:    In(1) -- ``shift`` takes the scale of the entries tracked so far (from the next
             cycle on, until the next latch).
   shift:    Out(range(DX_SHIFT_MAX + 1)).
@@ -35,11 +38,12 @@ from .arith import clamp_symmetric
 class DxRequantizer(wiring.Component):
     """The batch scale of dX and the saturation to dY (module docstring)."""
 
-    def __init__(self):
+    def __init__(self, entries=1):
+        self.entries = entries
         super().__init__({
             "clear": In(1),
-            "track": In(1),
-            "dx": In(signed(spec.DX_BITS)),
+            "track": In(entries),
+            "dx": In(signed(spec.DX_BITS)).array(entries),
             "latch": In(1),
             "shift": Out(range(spec.DX_SHIFT_MAX + 1)),
             "rounded": In(signed(spec.DX_BITS + 1)),
@@ -48,13 +52,16 @@ class DxRequantizer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        dx_max = Signal(spec.DX_BITS)       # the largest |dX| (2**(DX_BITS-1) at most)
-        mag = Mux(self.dx < 0, -self.dx, self.dx).as_unsigned()
+        dx_max = Signal(spec.DX_BITS)       # the OR of |dX| (each 2**(DX_BITS-1) at most)
+        tracked = dx_max
+        for i, dx in enumerate(self.dx):
+            mag = Mux(dx < 0, -dx, dx).as_unsigned()[:spec.DX_BITS]
+            tracked = tracked | Mux(self.track[i], mag, 0)
         with m.If(self.clear):
             m.d.sync += dx_max.eq(0)
-        with m.Elif(self.track & (mag > dx_max)):
-            m.d.sync += dx_max.eq(mag)
-        # golden.bit_length(max |dX|): a leading-one detector
+        with m.Else():
+            m.d.sync += dx_max.eq(tracked)
+        # golden.bit_length(max |dX|), the OR's: a leading-one detector
         length = Signal(range(spec.DX_BITS + 1))
         for bit in range(spec.DX_BITS):
             with m.If(dx_max[bit]):

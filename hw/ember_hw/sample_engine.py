@@ -80,8 +80,10 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
 - input_grad (s, k, kept c): W[j, k] to every lane with its sample's dY[b, j] (the gates
   and the kept channel's addresses formed at t+1, read at t+1+G, given to the lanes at
   t+2+G+B as in the forward phase); the lanes whose
-  activation is not positive are gated; at the last c the dX drain writes each lane's raw
-  dX (zero where the activation is) to the scratch and tracks the batch's largest |dX|.
+  activation is not positive are gated; at the last c the dX drain writes the lanes' raw
+  dX (zero where the activation is) to the scratch, spec.Build.drain_lanes (D) lanes a
+  cycle into its D banks, and tracks the batch's largest |dX|. A step with the last c waits
+  until the drain is free when its sums arrive (P / D + 1 cycles apart).
 - requant (s, lane, k): dX through the rounding shifter by the batch's scale into dY of the
   layer below (ember_hw.requant).
 - weight_grad (kept c, input group, pass, s, input in the group): each lane's
@@ -150,6 +152,7 @@ def event_bounds(build):
         "mac_forward", "mac_input_grad", "mac_weight_grad", "mac_weight_grad_low",
         "skip_zero")})
     bounds.update(loss_elements=build.max_width, samples=build.max_batch,
+                  grad_writes=build.drain_lanes,
                   skip_psg=P * build.max_batch, skip_slu=2 * bnk, skip_ssprop=2 * bnk)
     return bounds
 
@@ -284,7 +287,11 @@ class SampleEngine(wiring.Component):
         # build (a read is broadcast to all lanes, so one SPRAM serves any lane count)
         m.submodules.wmem = self.wmem = WeightMemory(1, self.weight_depth, spram=self.spram)
         s.w_rd, s.w_wr = self.wmem.rd, self.wmem.wr
-        s.s_rd, s.s_wr = memory("smem", signed(spec.DX_BITS), bld.scratch_entries)
+        # the dX scratch in drain_lanes banks (entry e: bank e % D, word e // D), so the
+        # input gradient's drain writes D entries a cycle
+        s.D, s.logd = bld.drain_lanes, ceil_log2(bld.drain_lanes)
+        m.submodules.smem = s.smem = LaneMemory(s.D, bld.scratch_entries // s.D, spec.DX_BITS)
+        s.s_rd, s.s_wr = s.smem.rd, s.smem.wr
         s.l_rd, s.l_wr = memory("lmem", unsigned(spec.LABEL_BITS),
                                 self._bank_depth(self.label_bits, bld.max_batch))
         s.p_rd, s.p_wr = memory("pmem", unsigned(spec.LABEL_BITS), bld.max_batch)
@@ -454,7 +461,7 @@ class SampleEngine(wiring.Component):
         # resident data unit's; bank 0 otherwise): their activation reads are all of it
         m.d.comb += [s.amem.rd.addr.eq(self._banked(s.addr["a"][:self.a_bits],
                                                     self.input_bank & (s.layer == 0))),
-                     s.s_rd.addr.eq(s.addr["a"]), s.gmem.rd.addr.eq(s.addr["a"])]
+                     s.s_rd.addr.eq(s.addr["a"][s.logd:]), s.gmem.rd.addr.eq(s.addr["a"])]
         OPND = max(spec.WEIGHT_BITS, spec.GRAD_BITS, spec.ACT_BITS + 1)
         # the lanes accumulate forward sums, and the input gradient's sums over the outputs of
         # W x dY (wider: spec.Build.dx_acc_bits); no sum wraps
@@ -463,7 +470,7 @@ class SampleEngine(wiring.Component):
         # the group's accumulators and the update's input need no more
         s.GACC = bld.lane_acc_bits()
         s.GACC_ROUND = max(s.GACC, spec.DX_BITS)
-        m.submodules.lanes = s.lanes = MacLanes(P, OPND, LACC)
+        m.submodules.lanes = s.lanes = MacLanes(P, OPND, LACC, drain=s.D)
         # the weight read for the lanes, WEIGHT_BROADCAST_STAGES registers after the memory
         # (the update and the bus read the memory's data directly)
         s.w_bcast = s.w_rd.data
@@ -480,7 +487,7 @@ class SampleEngine(wiring.Component):
         m.submodules.writeback = s.wb = ForwardWriteback(
             P, s.GACC_ROUND, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
             shift_bits=len(s.shift))
-        m.submodules.requant = s.req = DxRequantizer()
+        m.submodules.requant = s.req = DxRequantizer(entries=s.D)
         m.submodules.loss = s.loss = SoftmaxGradUnit(max_classes=bld.max_width)
         s.has_ssprop = "ssprop" in bld.features
         s.has_psg = "psg" in bld.features
@@ -775,7 +782,7 @@ class SampleEngine(wiring.Component):
         with m.If(on & s.nest.valid & s.last[INNER] & (s.reserve != 0)):
             m.d.comb += s.stall.eq(1)
         with m.If(s.issue & on & s.last[INNER]):
-            m.d.sync += s.reserve.eq(P)
+            m.d.sync += s.reserve.eq(P // s.D)
         i1 = _Stage(m, "ig1", P, len(s.addr["w"]), len(s.addr["o"]))
         g1 = Signal(len(s.addr["g"]))
         i2 = _Stage(m, "ig2", P, 0, len(s.addr["o"]))
@@ -833,28 +840,36 @@ class SampleEngine(wiring.Component):
                      i5.o.eq(i4.o), i5.live.eq(i4.live), relu5.eq(relu4)]
         with m.If(i4.valid):
             m.d.comb += [s.lanes.acc_add.eq(s.all_lanes), s.lanes.acc_first.eq(i4.first)]
-        # SNAP_LATENCY: the sums into the snapshot; the drain writes a lane a cycle
+        # SNAP_LATENCY: the sums into the snapshot; the drain writes D lanes a cycle, lanes
+        # cD .. cD + D - 1 to the entries from o rounded down to a multiple of D (the
+        # compiler's o is a multiple of P): word o // D + c of the D scratch banks
+        D, LOGD = s.D, s.logd
         d_busy = Signal()
-        d_lane = Signal(range(P + 1))
+        d_block = Signal(range(P // D))
         d_relu, d_live = Signal(P), Signal(P)
-        d_addr = Signal(len(s.addr["o"]))
+        d_addr = Signal(len(s.addr["o"]) - LOGD)
         s.in_flight.append(d_busy)
         with m.If(i5.valid):
             m.d.comb += s.lanes.snap.eq(1)
-            m.d.sync += [d_busy.eq(1), d_lane.eq(0), d_relu.eq(relu5), d_live.eq(i5.live),
-                         d_addr.eq(i5.o)]
-        dx = Mux(d_relu[0], clamp_signed(s.lanes.head, spec.DX_BITS), 0)
+            m.d.sync += [d_busy.eq(1), d_block.eq(0), d_relu.eq(relu5), d_live.eq(i5.live),
+                         d_addr.eq(i5.o[LOGD:])]
+        dx = [Mux(d_relu[i], clamp_signed(s.lanes.heads[i], spec.DX_BITS), 0)
+              for i in range(D)]
+        live = d_live[:D]
         with m.If(d_busy):
-            m.d.comb += [s.lanes.snap_shift.eq(1), s.req.dx.eq(dx), s.req.track.eq(d_live[0])]
-            with m.If(d_live[0]):
-                with m.If(d_addr + d_lane < self.build.scratch_entries):
-                    m.d.comb += [s.s_wr.addr.eq(d_addr + d_lane), s.s_wr.data.eq(dx),
-                                 s.s_wr.en.eq(1)]
+            m.d.comb += [s.lanes.snap_drain.eq(1), s.req.track.eq(live)]
+            m.d.comb += [s.req.dx[i].eq(dx[i]) for i in range(D)]
+            with m.If(live != 0):
+                with m.If(d_addr + d_block < self.build.scratch_entries // D):
+                    m.d.comb += [s.s_wr.addr.eq(d_addr + d_block),
+                                 s.s_wr.data.eq(Cat(*[v.as_unsigned() for v in dx])),
+                                 s.s_wr.en.eq(live)]
                 with m.Else():
                     m.d.sync += s.fault.eq(1)
-                m.d.sync += s.count("grad_writes")
-            m.d.sync += [d_lane.eq(d_lane + 1), d_relu.eq(d_relu >> 1), d_live.eq(d_live >> 1)]
-            with m.If(d_lane == P - 1):
+                m.d.sync += s.count("grad_writes", popcount(live))
+            m.d.sync += [d_block.eq(d_block + 1), d_relu.eq(d_relu >> D),
+                         d_live.eq(d_live >> D)]
+            with m.If(d_block == P // D - 1):
                 m.d.sync += d_busy.eq(0)
 
     # ---------------------------------------------------------------- requantize
@@ -870,7 +885,8 @@ class SampleEngine(wiring.Component):
         for (va, oa, la), (vb, ob, lb) in zip(stages, stages[1:]):
             m.d.sync += [vb.eq(va), ob.eq(oa), lb.eq(la)]
         with m.If(v1):
-            m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(s.s_rd.data),
+            entry = s.s_rd.data.word_select(lane1[:s.logd] if s.logd else 0, spec.DX_BITS)
+            m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(entry.as_signed()),
                          s.shifter.shift.eq(s.req.shift)]
             m.d.sync += s.count("grad_reads")
         v4, o4, lane4 = stages[3]
