@@ -38,8 +38,11 @@ def batches():
 def test_requantizer_matches_golden(entries):
     m = Module()
     m.submodules.rq = rq = DxRequantizer(entries)
-    m.submodules.shifter = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
-    m.d.comb += [shifter.shift.eq(rq.shift), rq.rounded.eq(shifter.out)]
+    shifters = []
+    for i in range(entries):            # a shifter per entry, as the engine's requant phase
+        m.submodules[f"shifter{i}"] = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
+        m.d.comb += [shifter.shift.eq(rq.shift), rq.rounded[i].eq(shifter.out)]
+        shifters.append(shifter)
     got = []
 
     async def bench(ctx):
@@ -63,15 +66,20 @@ def test_requantizer_matches_golden(entries):
             ctx.set(rq.latch, 0)
             shift = ctx.get(rq.shift)
             dy = []
-            # one entry a cycle into the shifter; dy three cycles after it is taken
-            queue = [int(v) for v in dx] + [0, 0, 0]
-            for i, v in enumerate(queue):
-                ctx.set(shifter.en, 1)
-                ctx.set(shifter.value, v)
-                if i >= 3:
-                    dy.append(ctx.get(rq.dy))
+            # `entries` entries a cycle into the shifters; dy three cycles after they are
+            # taken
+            queue = [int(v) for v in dx]
+            queue += [0] * (-len(queue) % entries + 3 * entries)
+            for n, at in enumerate(range(0, len(queue), entries)):
+                for shifter, v in zip(shifters, queue[at:at + entries]):
+                    ctx.set(shifter.en, 1)
+                    ctx.set(shifter.value, v)
+                if n >= 3:
+                    dy.extend(ctx.get(rq.dy[i]) for i in range(entries))
                 await ctx.tick()
-            ctx.set(shifter.en, 0)
+            for shifter in shifters:
+                ctx.set(shifter.en, 0)
+            del dy[len(dx):]
             got.append((shift, dy))
 
     sim = Simulator(m)

@@ -80,15 +80,15 @@ def test_writeback_requantizes_like_golden(last, drain):
                     takes.append(cycle - start)
                 if ctx.get(wb.act_wr_en):
                     written.append(cycle - start)
-                    writes += [("act", lane, v) for lane, v in lanes_of(
+                    writes.extend(("act", lane, v) for lane, v in lanes_of(
                         ctx.get(wb.act_wr_data), spec.ACT_BITS, ctx.get(wb.act_wr_mask),
-                        ctx.get(wb.act_wr_addr))]
+                        ctx.get(wb.act_wr_addr)))
                 if ctx.get(wb.grad_wr_en):
                     written.append(cycle - start)
-                    writes += [("grad", ctx.get(wb.grad_wr_word), lane, v)
-                               for lane, v in lanes_of(
-                                   ctx.get(wb.grad_wr_value), spec.LOGIT_BITS,
-                                   ctx.get(wb.grad_wr_mask), ctx.get(wb.grad_wr_lane))]
+                    writes.extend(("grad", ctx.get(wb.grad_wr_word), lane, v)
+                                  for lane, v in lanes_of(
+                                      ctx.get(wb.grad_wr_value), spec.LOGIT_BITS,
+                                      ctx.get(wb.grad_wr_mask), ctx.get(wb.grad_wr_lane)))
                 take = ctx.get(wb.take)
                 busy = ctx.get(wb.busy)
                 await ctx.tick()

@@ -306,9 +306,10 @@ MEMORY_WRITE_STAGES = 1
 #: read, the gates, the weight (and dY) read, the broadcast, the operand and product
 #: registers, the accumulator.
 SNAP_LATENCY = 5 + GATE_STAGES + WEIGHT_BROADCAST_STAGES
-#: The forward writeback unit (ember_hw.writeback) takes a block's sums every P + this many
-#: cycles (busy P + 4 cycles after each), so a group's last step waits that long after the
-#: last group's (whatever the pipeline's latency: both snapshots are as late).
+#: The forward writeback unit (ember_hw.writeback) takes a block's sums every P / D + this
+#: many cycles (busy P / D + 4 cycles after each; D = Build.drain_lanes), so a group's last
+#: step waits that long after the last group's (whatever the pipeline's latency: both
+#: snapshots are as late).
 WRITEBACK_GAP = 5
 #: Registered levels of the weight gradient's adder tree across the P lanes
 #: (ember_hw.arith.pipelined_tree_sum): 32 products into one sum in one cycle do not
@@ -328,16 +329,16 @@ UPDATE_WRITE_LATENCY = 3
 UPDATE_WRITE_DISTANCE = spec.GRAD_HOLD
 #: The update reads W[j, k] this many cycles before the sum of its gradient is done.
 UPDATE_READ_LEAD = UPDATE_WRITE_DISTANCE - UPDATE_WRITE_LATENCY
-#: Cycles from a phase's last step to the end of its drain, per kind, for P lanes: the
-#: pipeline's stages, and the forward writeback's P + 4 busy cycles after the snapshot, the
-#: dX drain's P / Build.drain_lanes cycles (called with that), the update's three stages
-#: after the weight gradient's sum.
-_DRAIN = {"forward": lambda P: SNAP_LATENCY + P + 5, "logits": lambda P: SNAP_LATENCY + P + 5,
-          "argmax": lambda P: 3, "loss": lambda P: 3,
-          "select": lambda P: 3 + SCORE_TREE_STAGES,
-          "input_grad": lambda P: SNAP_LATENCY + P + 2, "requant": lambda P: 5,
-          "weight_grad": lambda P: GRAD_SUM_LATENCY + UPDATE_WRITE_LATENCY + 1,
-          "psg_max": lambda P: GRAD_SUM_LATENCY + 1}
+#: Cycles from a phase's last step to the end of its drain, per kind, for P / D groups of D =
+#: Build.drain_lanes lanes: the pipeline's stages, and the forward writeback's P / D + 4 busy
+#: cycles after the snapshot, the dX drain's P / D cycles, the update's three stages after
+#: the weight gradient's sum.
+_DRAIN = {"forward": lambda G: SNAP_LATENCY + G + 5, "logits": lambda G: SNAP_LATENCY + G + 5,
+          "argmax": lambda G: 3, "loss": lambda G: 3,
+          "select": lambda G: 3 + SCORE_TREE_STAGES,
+          "input_grad": lambda G: SNAP_LATENCY + G + 2, "requant": lambda G: 5,
+          "weight_grad": lambda G: GRAD_SUM_LATENCY + UPDATE_WRITE_LATENCY + 1,
+          "psg_max": lambda G: GRAD_SUM_LATENCY + 1}
 
 
 def _selector_cycles(build, batch, n, settings):
@@ -415,11 +416,10 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
 
     Per kind, P lanes, n_i the nest's effective bounds, steps their product, and G the steps
     over the innermost bound n_inner (the groups that end in a snapshot or a drain):
-      forward, logits: a group's last step waits for the writeback unit, busy P + 4 cycles
-                       after each snapshot: n_inner + (G - 1) * max(n_inner,
-                       P + WRITEBACK_GAP);
-      input_grad:      the same with the dX drain's P / D cycles (D = Build.drain_lanes
-                       lanes a cycle): max(n_inner, P / D + 1);
+      forward, logits: a group's last step waits for the writeback unit, busy P / D + 4
+                       cycles after each snapshot (D = Build.drain_lanes lanes a cycle):
+                       n_inner + (G - 1) * max(n_inner, P / D + WRITEBACK_GAP);
+      input_grad:      the same with the dX drain's P / D cycles: max(n_inner, P / D + 1);
       loss:            a step per sample, each the softmax-gradient unit's 3N + 23 cycles
                        (ember_hw.loss) and 4 of the runner's; a dead sample's (sample_live)
                        one;
@@ -431,6 +431,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
       argmax, requant, psg_max: their steps.
     """
     P = build.lanes
+    groups_drained = P // build.drain_lanes
     kind = ph.kind
     passes, kept = 2, ph.outputs
     if settings is not None:
@@ -448,9 +449,9 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     inner = bounds[INNER]
     groups = steps // inner if inner else 0
     if kind in ("forward", "logits"):
-        run = inner + (groups - 1) * max(inner, P + WRITEBACK_GAP)
+        run = inner + (groups - 1) * max(inner, groups_drained + WRITEBACK_GAP)
     elif kind == "input_grad":
-        run = inner + (groups - 1) * max(inner, P // build.drain_lanes + 1)
+        run = inner + (groups - 1) * max(inner, groups_drained + 1)
     elif kind == "loss":
         walked = bounds[SAMPLE_LEVEL[kind]] * bounds[LANE_LEVEL[kind]]
         live = min(batch, walked)
@@ -463,8 +464,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     if kind == "select":
         run += (HEADER_ONLY_CYCLES + _book_cycles(build)
                 + _selector_cycles(build, batch, ph.outputs, settings) + ph.outputs + 2)
-    return PHASE_OVERHEAD + run + _DRAIN[kind](
-        P // build.drain_lanes if kind == "input_grad" else P)
+    return PHASE_OVERHEAD + run + _DRAIN[kind](groups_drained)
 
 
 def program_cycle_bound(phases, build, batch, settings=None):

@@ -1112,7 +1112,7 @@ class EngineCore(wiring.Component):
         """The writeback unit's and the update unit's wiring."""
         # forward outputs of one block, a lane a cycle through the shared shifter: UQ2.6 bytes
         # into the activation memory, or Q7.8 logits into the gradient memory
-        m.d.comb += [s.wb.rounded.eq(s.rq_out), s.requant.rounded.eq(s.rq_out)]
+        m.d.comb += [s.wb.rounded[0].eq(s.rq_out), s.requant.rounded.eq(s.rq_out)]
         # (the entry is not gated by the phase: only `track` is, so that no path runs from the
         # sequencer's state through |dX| and its comparison into the maximum's enable)
         m.d.comb += s.requant.dx[0].eq(s.s3_dx)

@@ -70,8 +70,8 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   B = ember.dataflow.WEIGHT_BROADCAST_STAGES registers later (the broadcast register, near
   the lanes), t+2+G+B gives it to every lane with its own activation; t+4+G+B accumulates;
   at the last k, t+5+G+B (SNAP_LATENCY) snapshots the sums and the writeback unit
-  requantizes them a lane a cycle. A step with the last k waits until the
-  writeback unit is free when its sums arrive (P + WRITEBACK_GAP cycles apart).
+  requantizes them D = spec.Build.drain_lanes lanes a cycle. A step with the last k waits
+  until the writeback unit is free when its sums arrive (P / D + WRITEBACK_GAP cycles apart).
 - argmax (s, lane, class n): the first maximum of each sample's logits into the predictions.
 - loss (s, lane): the softmax-gradient unit (ember_hw.loss) on one sample's logits in place.
 - select (j, s): ssProp's scores (sum over the live lanes of |dY| of channel j, or the LFSR),
@@ -152,7 +152,7 @@ def event_bounds(build):
         "mac_forward", "mac_input_grad", "mac_weight_grad", "mac_weight_grad_low",
         "skip_zero")})
     bounds.update(loss_elements=build.max_width, samples=build.max_batch,
-                  grad_writes=build.drain_lanes,
+                  grad_writes=build.drain_lanes, act_writes=build.drain_lanes,
                   skip_psg=P * build.max_batch, skip_slu=2 * bnk, skip_ssprop=2 * bnk)
     return bounds
 
@@ -484,9 +484,15 @@ class SampleEngine(wiring.Component):
         # lane_acc_bits) and dX (DX_BITS); the input gradient's wider sums (dx_acc_bits) reach
         # it only as dX, so a head of the lanes' snapshot it takes fits, and is exact, in these
         m.submodules.shifter = s.shifter = RoundingShifter(s.GACC_ROUND, spec.SHIFT_MAX)
+        # the writeback takes D lanes a cycle: the shared shifter and D - 1 of its own
+        wb_shifters = [s.shifter]
+        for i in range(1, s.D):
+            m.submodules[f"wb_shifter{i}"] = shifter = RoundingShifter(s.GACC_ROUND,
+                                                                      spec.SHIFT_MAX)
+            wb_shifters.append(shifter)
         m.submodules.writeback = s.wb = ForwardWriteback(
             P, s.GACC_ROUND, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
-            shift_bits=len(s.shift))
+            shift_bits=len(s.shift), drain=s.D)
         m.submodules.requant = s.req = DxRequantizer(entries=s.D)
         m.submodules.loss = s.loss = SoftmaxGradUnit(max_classes=bld.max_width)
         s.has_ssprop = "ssprop" in bld.features
@@ -500,19 +506,24 @@ class SampleEngine(wiring.Component):
         m.d.comb += s.dense.eq(s.keep >= s.N if s.has_ssprop else 1)
         if s.has_ssprop and "ssprop_random" in bld.features:
             m.d.comb += [s.random.eq(self.ssprop_random), s.lfsr_state.eq(s.lfsr.state)]
-        # the writeback unit takes the snapshot's head through the shifter
-        m.d.comb += [s.wb.rounded.eq(s.shifter.out), s.req.rounded.eq(s.shifter.out)]
+        # the writeback unit takes the snapshot's D heads through the shifters
+        m.d.comb += [s.wb.rounded[i].eq(sh.out) for i, sh in enumerate(wb_shifters)]
+        m.d.comb += s.req.rounded.eq(s.shifter.out)
         with m.If(s.wb.take):
-            m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(s.lanes.head),
-                         s.shifter.shift.eq(s.wb.take_shift), s.lanes.snap_shift.eq(1)]
+            for i, sh in enumerate(wb_shifters):
+                m.d.comb += [sh.en.eq(1), sh.value.eq(s.lanes.heads[i]),
+                             sh.shift.eq(s.wb.take_shift)]
+            m.d.comb += s.lanes.snap_drain.eq(1)
         m.d.comb += self.gather_stall.eq(s.wb.act_wr_en)
         with m.If(s.wb.act_wr_en):
+            # the group's D bytes to lanes act_wr_addr % P .. + D - 1 of one word
             m.d.comb += [s.amem.wr.addr.eq(s.wb.act_wr_addr[self.logp:]),
-                         s.amem.wr.data.eq(s.wb.act_wr_data.replicate(P)),
-                         s.amem.wr.en.eq(Const(1, P) << s.wb.act_wr_addr[:self.logp])]
-            m.d.sync += s.count("act_writes")
+                         s.amem.wr.data.eq(s.wb.act_wr_data.replicate(P // s.D)),
+                         s.amem.wr.en.eq(s.wb.act_wr_mask << s.wb.act_wr_addr[:self.logp])]
+            m.d.sync += s.count("act_writes", popcount(s.wb.act_wr_mask))
         with m.If(s.wb.grad_wr_en):
-            self._grad_write(m, s, s.wb.grad_wr_word, s.wb.grad_wr_lane, s.wb.grad_wr_value)
+            self._grad_write(m, s, s.wb.grad_wr_word, s.wb.grad_wr_lane, s.wb.grad_wr_value,
+                             s.wb.grad_wr_mask)
 
     def _bank_depth(self, bits, words):
         """The depth of a memory of `words` words whose addresses have `bits` bits, with its
@@ -525,10 +536,15 @@ class SampleEngine(wiring.Component):
         return Cat(addr, bank) if self.banked else addr
 
     @staticmethod
-    def _grad_write(m, s, word, lane, value):
-        m.d.comb += [s.gmem.wr.addr.eq(word), s.gmem.wr.data.eq(value.as_unsigned().replicate(s.P)),
-                     s.gmem.wr.en.eq(Const(1, s.P) << lane)]
-        m.d.sync += s.count("grad_writes")
+    def _grad_write(m, s, word, lane, values, mask=None):
+        """Write the GRAD_BITS entries side by side in `values` to lanes lane, lane + 1, ...
+        of gradient word `word`, where `mask` has a bit set (every entry if None)."""
+        n = len(values) // spec.GRAD_BITS
+        mask = Const((1 << n) - 1, n) if mask is None else mask
+        m.d.comb += [s.gmem.wr.addr.eq(word),
+                     s.gmem.wr.data.eq(values.as_unsigned().replicate(s.P // n)),
+                     s.gmem.wr.en.eq(mask << lane)]
+        m.d.sync += s.count("grad_writes", popcount(mask) if n > 1 else mask)
 
     @staticmethod
     def _delay(m, s, name, stage, values, stages, valid=None, w=None):
@@ -563,7 +579,7 @@ class SampleEngine(wiring.Component):
         with m.If(on & s.nest.valid & last_k & (s.reserve != 0)):
             m.d.comb += s.stall.eq(1)
         with m.If(s.issue & on & last_k):
-            m.d.sync += s.reserve.eq(P + dataflow.WRITEBACK_GAP - 1)
+            m.d.sync += s.reserve.eq(P // s.D + dataflow.WRITEBACK_GAP - 1)
         live0 = s.live_lanes
         s1 = _Stage(m, "f1", P, len(s.addr["w"]), len(s.addr["o"]))
         s2 = _Stage(m, "f2", P, 0, len(s.addr["o"]))

@@ -1,18 +1,21 @@
-"""The forward writeback unit: one block of P forward sums, requantized one lane per cycle and
-written to the next layer's input (activation memory) or, for the output layer, as logits to
-the gradient memory.
+"""The forward writeback unit: one block of P forward sums, requantized ``drain`` lanes per cycle
+(a group) and written to the next layer's input (activation memory) or, for the output layer,
+as logits to the gradient memory.
 
 Golden twin: ``ember.golden.requantize(acc, shift, relu)`` -- round_shift by the layer's
 shift, then ReLU and saturation to UQ2.6 bytes (hidden layers, relu=True) or saturation to
 Q7.8 logits (the output layer).
 
-The unit does not hold the sums: it takes them lane by lane from the head of the MAC lanes'
-snapshot (ember_hw.lanes.MacLanes.head, which moves down a lane each cycle ``take`` is high)
-through the engine's shared RoundingShifter (ember_hw.arith), so it needs no P-way
-multiplexer and no shifter of its own. The sequencer hands a block over with ``start`` and may
-accumulate the next block meanwhile; it waits for ``busy`` low before the next hand-over.
+The unit does not hold the sums: it takes them a group at a time from the head of the MAC
+lanes' snapshot (ember_hw.lanes.MacLanes: ``head`` moving down a lane, or ``heads`` moving
+down ``drain`` lanes, each cycle ``take`` is high) through the engine's RoundingShifters
+(ember_hw.arith: the shared one, and on a build that drains several lanes a cycle one more
+per further lane, spec.Build.drain_lanes), so it needs no P-way multiplexer and no shifter of
+its own. The sequencer hands a block over with ``start`` and may accumulate the next block
+meanwhile; it waits for ``busy`` low before the next hand-over.
 
-`ForwardWriteback(lanes, value_bits, act_addr_bits, grad_addr_bits, shift_bits)`.
+`ForwardWriteback(lanes, value_bits, act_addr_bits, grad_addr_bits, shift_bits, drain=1)`;
+D = drain lanes a group, a power of two that divides the lanes.
 
 Ports (sync domain):
   start:      In(1) -- take a block: ``last``, ``shift``, ``lanes_on``, ``act_addr`` and
@@ -23,20 +26,24 @@ Ports (sync domain):
   act_addr:   In(act_addr_bits) -- activation byte of lane 0's output (hidden layers).
   grad_word:  In(grad_addr_bits) -- gradient-memory word of the block (output layer).
   busy:       Out(1) -- from the cycle after ``start`` until the last lane is written.
-  take:       Out(1) -- the shifter takes the snapshot's head with ``take_shift``, and the
-              snapshot moves down a lane (one cycle per lane, P cycles from the cycle after
-              ``start``).
+  take:       Out(1) -- shifter i takes the snapshot's lane i with ``take_shift``, and the
+              snapshot moves down D lanes (one cycle per group, P / D cycles from the cycle
+              after ``start``).
   take_shift: Out(shift_bits).
-  rounded:    In(signed(value_bits + 2)) -- the shifter's result, two cycles after a take.
-  act_wr_en, act_wr_addr, act_wr_data: Out -- write one activation byte (hidden layers).
-  grad_wr_en, grad_wr_word, grad_wr_lane, grad_wr_value: Out -- write one logit (output layer).
+  rounded:    In(signed(value_bits + 2)).array(D) -- shifter i's result, two cycles after a
+              take.
+  act_wr_en, act_wr_addr, act_wr_data, act_wr_mask: Out -- write the group's activation
+              bytes (hidden layers): byte i of the data is lane act_wr_addr + i's, written
+              where bit i of the mask is set (the lanes that hold outputs).
+  grad_wr_en, grad_wr_word, grad_wr_lane, grad_wr_value, grad_wr_mask: Out -- write the
+              group's logits (output layer): logit i is lane grad_wr_lane + i's.
 
-Timing (s: the ``start`` cycle): lane i is taken in cycle s + 2 + i and written in cycle
-s + 5 + i; ``busy`` is high from s + 1 to s + P + 4, so the next block can be handed over in
-cycle s + P + 5.
+Timing (s: the ``start`` cycle): group g (lanes gD .. gD + D - 1) is taken in cycle s + 2 + g
+and written in cycle s + 5 + g; ``busy`` is high from s + 1 to s + P / D + 4, so the next
+block can be handed over in cycle s + P / D + 5 (ember.dataflow.WRITEBACK_GAP: 5).
 """
 
-from amaranth import Module, Signal, signed
+from amaranth import Cat, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -48,8 +55,11 @@ from .arith import clamp_byte, clamp_signed
 class ForwardWriteback(wiring.Component):
     """Requantize and write one block of forward outputs (module docstring)."""
 
-    def __init__(self, lanes, value_bits, act_addr_bits, grad_addr_bits, shift_bits):
-        self.lanes, self.value_bits = lanes, value_bits
+    def __init__(self, lanes, value_bits, act_addr_bits, grad_addr_bits, shift_bits, drain=1):
+        if drain < 1 or lanes % drain or drain & (drain - 1):
+            raise ValueError(f"the writeback takes a power of two of lanes that divides the "
+                             f"{lanes} lanes a cycle, not {drain}")
+        self.lanes, self.value_bits, self.drain = lanes, value_bits, drain
         super().__init__({
             "start": In(1),
             "last": In(1),
@@ -60,19 +70,22 @@ class ForwardWriteback(wiring.Component):
             "busy": Out(1),
             "take": Out(1),
             "take_shift": Out(shift_bits),
-            "rounded": In(signed(value_bits + 2)),
+            "rounded": In(signed(value_bits + 2)).array(drain),
             "act_wr_en": Out(1),
             "act_wr_addr": Out(act_addr_bits),
-            "act_wr_data": Out(spec.ACT_BITS),
+            "act_wr_data": Out(drain * spec.ACT_BITS),
+            "act_wr_mask": Out(drain),
             "grad_wr_en": Out(1),
             "grad_wr_word": Out(grad_addr_bits),
             "grad_wr_lane": Out(range(lanes)),
-            "grad_wr_value": Out(spec.LOGIT_BITS),
+            "grad_wr_value": Out(drain * spec.LOGIT_BITS),
+            "grad_wr_mask": Out(drain),
         })
 
     def elaborate(self, platform):
         m = Module()
-        P = self.lanes
+        P, D = self.lanes, self.drain
+        G, LOGD = P // D, (D - 1).bit_length()
         # the block's copy, taken at `start`
         busy, last = Signal(), Signal()
         shift = Signal.like(self.shift)
@@ -85,12 +98,12 @@ class ForwardWriteback(wiring.Component):
                          grad_word.eq(self.grad_word)]
         m.d.comb += [self.busy.eq(busy), self.take_shift.eq(shift)]
 
-        # stage A takes lane wp at the snapshot's head into the shifter, stages B1 and B2
-        # shift and round it, stage C saturates and writes; each stage's lane and whether it
-        # holds an output travel with it
-        wp = Signal(range(P + 1))
-        y = Signal(signed(self.value_bits + 1))
-        a_on, b2_on, y_on = Signal(), Signal(), Signal()
+        # stage A takes group wp at the snapshot's head into the shifters, stages B1 and B2
+        # shift and round it, stage C saturates and writes; each stage's first lane and which
+        # of its lanes hold outputs travel with it
+        wp = Signal(range(G + 1))
+        y = [Signal(signed(self.value_bits + 1), name=f"y{i}") for i in range(D)]
+        a_on, b2_on, y_on = Signal(D), Signal(D), Signal(D)
         a_lane, b2_lane, y_lane = (Signal(range(P)) for _ in range(3))
         b_valid, b2_valid, c_valid = Signal(), Signal(), Signal()
         with m.FSM(name="writeback"):
@@ -99,22 +112,29 @@ class ForwardWriteback(wiring.Component):
                 with m.If(busy):
                     m.next = "LANES"
             with m.State("LANES"):
-                with m.If(wp < P):
-                    m.d.sync += [a_on.eq(lanes_on[0]), a_lane.eq(wp),
-                                 lanes_on.eq(lanes_on >> 1), wp.eq(wp + 1)]
+                with m.If(wp < G):
+                    m.d.sync += [a_on.eq(lanes_on[:D]), a_lane.eq(wp << LOGD),
+                                 lanes_on.eq(lanes_on >> D), wp.eq(wp + 1)]
                     m.d.comb += self.take.eq(1)
-                m.d.sync += [b_valid.eq(wp < P), b2_valid.eq(b_valid), c_valid.eq(b2_valid),
-                             y.eq(self.rounded), b2_on.eq(a_on), b2_lane.eq(a_lane),
-                             y_on.eq(b2_on), y_lane.eq(b2_lane)]
-                with m.If(c_valid & y_on):
+                m.d.sync += [b_valid.eq(wp < G), b2_valid.eq(b_valid), c_valid.eq(b2_valid),
+                             b2_on.eq(a_on), b2_lane.eq(a_lane), y_on.eq(b2_on),
+                             y_lane.eq(b2_lane)]
+                m.d.sync += [y[i].eq(self.rounded[i]) for i in range(D)]
+                with m.If(c_valid & (y_on != 0)):
                     with m.If(last):
                         m.d.comb += self.grad_wr_en.eq(1)
                     with m.Else():
                         m.d.comb += self.act_wr_en.eq(1)
-                with m.If((wp == P) & ~b_valid & ~b2_valid):
+                with m.If((wp == G) & ~b_valid & ~b2_valid):
                     m.d.sync += busy.eq(0)
                     m.next = "IDLE"
-        m.d.comb += [self.act_wr_addr.eq(act_addr + y_lane), self.act_wr_data.eq(clamp_byte(y)),
+        # each lane's byte and logit at their exact widths, side by side
+        byte = [Signal(spec.ACT_BITS, name=f"byte{i}") for i in range(D)]
+        logit = [Signal(signed(spec.LOGIT_BITS), name=f"logit{i}") for i in range(D)]
+        m.d.comb += [b.eq(clamp_byte(v)) for b, v in zip(byte, y)]
+        m.d.comb += [n.eq(clamp_signed(v, spec.LOGIT_BITS)) for n, v in zip(logit, y)]
+        m.d.comb += [self.act_wr_addr.eq(act_addr + y_lane), self.act_wr_data.eq(Cat(*byte)),
+                     self.act_wr_mask.eq(y_on), self.grad_wr_mask.eq(y_on),
                      self.grad_wr_word.eq(grad_word), self.grad_wr_lane.eq(y_lane),
-                     self.grad_wr_value.eq(clamp_signed(y, spec.LOGIT_BITS))]
+                     self.grad_wr_value.eq(Cat(*logit))]
         return m
