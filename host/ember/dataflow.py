@@ -176,12 +176,20 @@ def program_words_needed(layers, build, batch=None):
     return phases * PHASE_WORDS + HEADER_WORDS
 
 
-def _per_sample(kind, build, batch, loops, gens, **fields):
-    """The phase whose steps walk the samples one by one (loss, argmax, requant): the sample
-    blocks, the P lanes of each (LANE_LEVEL), then `loops`; `gens` strides may use "s" and
-    "p". The steps of lanes past the batch are dead (live_lanes)."""
+def _per_sample(kind, build, batch, loops, gens, lane_step=1, **fields):
+    """The phase whose steps walk the samples one by one (loss, argmax) or `lane_step` at a
+    time (requant: lane_step(kind, build)): the sample blocks, the P / lane_step steps of
+    each (LANE_LEVEL), then `loops`; `gens` strides may use "s" and "p". The steps of lanes
+    past the batch are dead (live_lanes)."""
     P, S = build.lanes, sample_blocks(build, batch)
-    return [Phase(kind, nest([("s", S), ("p", P)] + loops, gens), **fields)]
+    return [Phase(kind, nest([("s", S), ("p", P // lane_step)] + loops, gens), **fields)]
+
+
+def lane_step(kind, build):
+    """The samples a step of the per-sample kind `kind` takes: requant's the dX drain's
+    Build.drain_lanes (the D entries of one scratch bank word, through D shifters), the
+    others' one."""
+    return build.drain_lanes if kind == "requant" else 1
 
 
 def _forward_phases(layers, build, batch, shifts):
@@ -229,6 +237,7 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
 
 def _train_phases(layers, build, batch, shifts, psg_relative):
     P, S = build.lanes, sample_blocks(build, batch)
+    D = lane_step("requant", build)
     wbase, abase, halves = layout(layers, build, batch)
     L = len(layers) - 1
     phases = _forward_phases(layers, build, batch, shifts)
@@ -252,8 +261,9 @@ def _train_phases(layers, build, batch, shifts, psg_relative):
                                        "o": (0, {"s": k * P, "k": P})}),
                                 **fields))
             phases += _per_sample("requant", build, batch, [("k", k)],
-                                  {"a": (0, {"s": k * P, "p": 1, "k": P}),
-                                   "o": (g_below, {"s": k, "k": 1})}, **fields)
+                                  {"a": (0, {"s": k * P, "p": D, "k": P}),
+                                   "o": (g_below, {"s": k, "k": 1})},
+                                  lane_step=D, **fields)
         # the weight gradient in groups of GRAD_HOLD inputs (and one of the remainder)
         R = spec.GRAD_HOLD
         groups, rem = divmod(k, R)
@@ -926,12 +936,22 @@ def block_lanes(ph, indices, batch, P):
     return np.arange(P) < batch - indices[SAMPLE_LEVEL[ph.kind]] * P
 
 
+def step_samples(ph, indices, batch, build):
+    """The live samples of a step of a per-sample kind (LANE_LEVEL), of the lane_step it
+    takes: how many of the (s * n + p) * step-th sample and the step - 1 after it (s, p:
+    its indices at SAMPLE_LEVEL and LANE_LEVEL, n the lane level's bound; P / step for the
+    host's programs) are below the batch. The core counts the samples as it walks them
+    (ember_hw.sample_engine), so a program whose lane level is not that wide runs the same
+    there."""
+    step = lane_step(ph.kind, build)
+    first = (indices[SAMPLE_LEVEL[ph.kind]] * ph.bounds[LANE_LEVEL[ph.kind]]
+             + indices[LANE_LEVEL[ph.kind]]) * step
+    return min(max(batch - first, 0), step)
+
+
 def sample_live(ph, indices, batch):
-    """Whether the step of a per-sample kind (LANE_LEVEL) is a live sample: the
-    (s * n + p)-th sample of its walk (s, p: its indices at SAMPLE_LEVEL and LANE_LEVEL, n
-    the lane level's bound; P for the host's programs) is below the batch. The core counts
-    the samples as it walks them (ember_hw.sample_engine), so a program whose lane level is
-    not P wide runs the same there."""
+    """Whether the step of a per-sample kind that takes one sample a step (loss, argmax) is
+    a live sample (step_samples)."""
     return (indices[SAMPLE_LEVEL[ph.kind]] * ph.bounds[LANE_LEVEL[ph.kind]]
             + indices[LANE_LEVEL[ph.kind]]) < batch
 
@@ -1084,14 +1104,17 @@ def _input_grad(run, ph):
 
 
 def _requant(run, ph):
+    """lane_step samples a step: entries a .. a + D - 1 (a rounded down to a multiple of D,
+    one word of the scratch's D banks) into lanes a % P .. of gradient word o."""
     mem, c, P = run.mem, run.c, run.mem.P
+    D = lane_step(ph.kind, mem.build)
     for idx, addr, first, last in ph.walk():
-        if not sample_live(ph, idx, run.batch):
-            continue
-        dx = mem.scratch[addr["a"]]
-        mem.grads[addr["o"], addr["a"] % P] = saturate_grad(round_shift(dx, run.dx_shift))
-        c["grad_reads"] += 1
-        c["grad_writes"] += 1
+        a = addr["a"] - addr["a"] % D
+        for i in range(step_samples(ph, idx, run.batch, mem.build)):
+            dx = mem.scratch[a + i]
+            mem.grads[addr["o"], (a + i) % P] = saturate_grad(round_shift(dx, run.dx_shift))
+            c["grad_reads"] += 1
+            c["grad_writes"] += 1
     # the layers below update with this layer's dX scale in their shift (from the next
     # layer's select phase on: this layer's own update does not)
     run.pending = spec.WEIGHT_FRAC_BITS - run.dx_shift

@@ -871,7 +871,7 @@ class EngineCore(wiring.Component):
             m.d.comb += s.rq_take_dx.eq(1)
             with m.If(req_s4_valid):
                 m.d.comb += [s.g_wr.addr.eq(s.g_row + (s.k >> s.LOGP)),
-                             s.g_wr_value.eq(s.requant.dy), s.g_wr_on.eq(1),
+                             s.g_wr_value.eq(s.requant.dy[0]), s.g_wr_on.eq(1),
                              s.g_wr_lane.eq(s.k[:s.LOGP]), s.count("grad_writes")]
                 with m.If(s.k + 1 < s.K):
                     m.d.sync += s.k.eq(s.k + 1)
@@ -1112,7 +1112,7 @@ class EngineCore(wiring.Component):
         """The writeback unit's and the update unit's wiring."""
         # forward outputs of one block, a lane a cycle through the shared shifter: UQ2.6 bytes
         # into the activation memory, or Q7.8 logits into the gradient memory
-        m.d.comb += [s.wb.rounded[0].eq(s.rq_out), s.requant.rounded.eq(s.rq_out)]
+        m.d.comb += [s.wb.rounded[0].eq(s.rq_out), s.requant.rounded[0].eq(s.rq_out)]
         # (the entry is not gated by the phase: only `track` is, so that no path runs from the
         # sequencer's state through |dX| and its comparison into the maximum's enable)
         m.d.comb += s.requant.dx[0].eq(s.s3_dx)

@@ -11,7 +11,8 @@ The unit keeps the OR of the batch's |dX| while the input-gradient pass writes t
 entry after the engine's shared RoundingShifter (ember_hw.arith) has rounded it by that scale.
 The scale depends on max |dX| only through its bit length, and the bit length of the OR of
 the magnitudes is the bit length of the largest: so the unit takes ``entries`` values a cycle
-(the v2 engine's dX drain, spec.Build.drain_lanes) with no compare between them.
+(the v2 engine's dX drain, spec.Build.drain_lanes) with no compare between them, and
+saturates as many a cycle after as many shifters (the v2 engine's requant phase).
 The sequencer owns the loop: it reads the scratch entries in order, feeds them to the shifter
 with ``shift`` and writes ``dy`` to the gradient memory.
 
@@ -22,8 +23,9 @@ with ``shift`` and writes ``dy`` to the gradient memory.
   latch:    In(1) -- ``shift`` takes the scale of the entries tracked so far (from the next
             cycle on, until the next latch).
   shift:    Out(range(DX_SHIFT_MAX + 1)).
-  rounded:  In(signed(DX_BITS + 1)) -- round_shift(entry, shift), from the shifter.
-  dy:       Out(signed(GRAD_BITS)) -- the next cycle: saturate_grad of that value.
+  rounded:  In(signed(DX_BITS + 1)).array(entries) -- round_shift(entry i, shift), from
+            shifter i.
+  dy:       Out(signed(GRAD_BITS)).array(entries) -- the next cycle: saturate_grad of each.
 """
 
 from amaranth import Module, Mux, Signal, signed
@@ -46,8 +48,8 @@ class DxRequantizer(wiring.Component):
             "dx": In(signed(spec.DX_BITS)).array(entries),
             "latch": In(1),
             "shift": Out(range(spec.DX_SHIFT_MAX + 1)),
-            "rounded": In(signed(spec.DX_BITS + 1)),
-            "dy": Out(signed(spec.GRAD_BITS)),
+            "rounded": In(signed(spec.DX_BITS + 1)).array(entries),
+            "dy": Out(signed(spec.GRAD_BITS)).array(entries),
         })
 
     def elaborate(self, platform):
@@ -70,7 +72,9 @@ class DxRequantizer(wiring.Component):
         shift = Signal.like(self.shift)
         with m.If(self.latch):
             m.d.sync += shift.eq(Mux(length > magnitude_bits, length - magnitude_bits, 0))
-        value = Signal(signed(spec.DX_BITS + 1))
-        m.d.sync += value.eq(self.rounded)
-        m.d.comb += [self.shift.eq(shift), self.dy.eq(clamp_symmetric(value, spec.GRAD_BITS))]
+        m.d.comb += self.shift.eq(shift)
+        for i in range(self.entries):
+            value = Signal(signed(spec.DX_BITS + 1), name=f"value{i}")
+            m.d.sync += value.eq(self.rounded[i])
+            m.d.comb += self.dy[i].eq(clamp_symmetric(value, spec.GRAD_BITS))
         return m

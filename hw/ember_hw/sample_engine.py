@@ -424,7 +424,8 @@ class SampleEngine(wiring.Component):
             advance = Mux(on, passed, advance)
             wrap = Mux(on, s.last[level:unit + 1].all(), wrap)
         s.per_sample = Cat(*[s.is_[k] for k in dataflow.LANE_LEVEL]).any()
-        size = Mux(s.per_sample, 1, P)
+        # a requant step takes drain_lanes samples (dataflow.lane_step)
+        size = Mux(s.per_sample, Mux(s.is_["requant"], s.D, 1), P)
         with m.If(s.phase_started):
             m.d.sync += s.left.eq(self.batch)
         with m.Elif(s.issue & advance):
@@ -508,7 +509,8 @@ class SampleEngine(wiring.Component):
             m.d.comb += [s.random.eq(self.ssprop_random), s.lfsr_state.eq(s.lfsr.state)]
         # the writeback unit takes the snapshot's D heads through the shifters
         m.d.comb += [s.wb.rounded[i].eq(sh.out) for i, sh in enumerate(wb_shifters)]
-        m.d.comb += s.req.rounded.eq(s.shifter.out)
+        m.d.comb += [s.req.rounded[i].eq(sh.out) for i, sh in enumerate(wb_shifters)]
+        s.shifters = wb_shifters
         with m.If(s.wb.take):
             for i, sh in enumerate(wb_shifters):
                 m.d.comb += [sh.en.eq(1), sh.value.eq(s.lanes.heads[i]),
@@ -890,24 +892,28 @@ class SampleEngine(wiring.Component):
 
     # ---------------------------------------------------------------- requantize
     def _requant(self, m, s):
-        P, LOGP = s.P, self.logp
+        """D = drain_lanes samples a step: the D scratch entries of one bank word (entries
+        a .. a + D - 1, a rounded down to a multiple of D) through D shifters into lanes
+        a % P .. + D - 1 of gradient word o; the samples past the batch are masked."""
+        P, D, LOGD = s.P, s.D, s.logd
         on = s.is_["requant"]
-        stages = [(Signal(name=f"rq{n}_valid"), Signal(len(s.addr["o"]), name=f"rq{n}_o"),
+        stages = [(Signal(D, name=f"rq{n}_live"), Signal(len(s.addr["o"]), name=f"rq{n}_o"),
                    Signal(range(P), name=f"rq{n}_lane")) for n in range(1, 5)]
         s.in_flight.append(Cat(*[v for v, _, _ in stages]) != 0)
         v1, o1, lane1 = stages[0]
-        m.d.sync += [v1.eq(s.issue & on & s.sample_live), o1.eq(s.addr["o"]),
-                     lane1.eq(s.addr["a"][:LOGP])]
+        m.d.sync += [v1.eq(Mux(s.issue & on, s.live_lanes[:D], 0)), o1.eq(s.addr["o"]),
+                     lane1.eq(s.addr["a"][LOGD:self.logp] << LOGD)]
         for (va, oa, la), (vb, ob, lb) in zip(stages, stages[1:]):
             m.d.sync += [vb.eq(va), ob.eq(oa), lb.eq(la)]
-        with m.If(v1):
-            entry = s.s_rd.data.word_select(lane1[:s.logd] if s.logd else 0, spec.DX_BITS)
-            m.d.comb += [s.shifter.en.eq(1), s.shifter.value.eq(entry.as_signed()),
-                         s.shifter.shift.eq(s.req.shift)]
-            m.d.sync += s.count("grad_reads")
+        with m.If(v1 != 0):
+            for i, shifter in enumerate(s.shifters):
+                entry = s.s_rd.data.word_select(i, spec.DX_BITS).as_signed()
+                m.d.comb += [shifter.en.eq(1), shifter.value.eq(entry),
+                             shifter.shift.eq(s.req.shift)]
+            m.d.sync += s.count("grad_reads", popcount(v1))
         v4, o4, lane4 = stages[3]
-        with m.If(v4):
-            self._grad_write(m, s, o4, lane4, s.req.dy)
+        with m.If(v4 != 0):
+            self._grad_write(m, s, o4, lane4, Cat(*[dy.as_unsigned() for dy in s.req.dy]), v4)
 
     # ---------------------------------------------------------------- weight gradient
     def _weight_grad(self, m, s):
