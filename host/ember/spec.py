@@ -127,7 +127,8 @@ SPRAM_WORDS = 16384
 SPRAM_BLOCKS = 4
 
 
-#: Engine v2's dX drain empties the lanes' snapshot in this many cycles (Build.drain_lanes).
+#: Engine v2's drains (the dX drain, the forward writeback) empty the lanes' snapshot in this
+#: many cycles (Build.drain_lanes).
 DX_DRAIN_CYCLES = 8
 
 
@@ -307,10 +308,12 @@ class Build:
 
     @property
     def drain_lanes(self):
-        """Engine v2's dX drain: the lanes' input-gradient sums it writes to the dX scratch a
-        cycle (ember_hw.sample_engine), so that P lanes drain in DX_DRAIN_CYCLES cycles and
-        keep up with a group of that many outputs or more (10 classes on 32 lanes: 8 cycles,
-        not 32). The scratch is that many banks, entry e in bank e % drain_lanes."""
+        """Engine v2's lanes a cycle out of the lanes' snapshot (ember_hw.sample_engine): the
+        input-gradient sums the dX drain writes to the dX scratch and the forward sums the
+        writeback requantizes, so that P lanes drain in DX_DRAIN_CYCLES cycles and keep up
+        with a group of that many outputs or more (10 classes on 32 lanes: 8 cycles, not
+        32); and the samples a requant step takes (ember.dataflow.lane_step). The scratch is
+        that many banks, entry e in bank e % drain_lanes."""
         return max(1, self.lanes // DX_DRAIN_CYCLES)
 
     # Accumulator widths: each as wide as the largest sum this build can form (signed, so
