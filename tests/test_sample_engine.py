@@ -258,7 +258,7 @@ def test_a_program_runs_every_batch_up_to_the_one_it_was_compiled_for(seed):
     train program compiled for a larger batch (more sample blocks, or the same blocks with
     more lanes) runs a smaller one with the golden model's weights and correct count and the
     events of a program compiled for that batch (the lanes past it are dead:
-    dataflow.block_lanes, sample_live), within the cycle bound at that batch."""
+    dataflow.block_lanes, step_samples), within the cycle bound at that batch."""
     rng = np.random.default_rng(500 + seed)
     build = LANE_BUILDS[[4, 2, 8, 4][seed]]
     P = build.lanes

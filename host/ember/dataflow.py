@@ -431,7 +431,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
                        n_inner + (G - 1) * max(n_inner, P / D + WRITEBACK_GAP);
       input_grad:      the same with the dX drain's P / D cycles: max(n_inner, P / D + 1);
       loss:            a step per sample, each the softmax-gradient unit's 3N + 23 cycles
-                       (ember_hw.loss) and 4 of the runner's; a dead sample's (sample_live)
+                       (ember_hw.loss) and 4 of the runner's; a dead sample's (step_samples)
                        one;
       select:          its steps, the selector (_selector_cycles), the kept list (N + 2),
                        and before them its header and bookkeeping (_book_cycles);
@@ -949,17 +949,10 @@ def step_samples(ph, indices, batch, build):
     return min(max(batch - first, 0), step)
 
 
-def sample_live(ph, indices, batch):
-    """Whether the step of a per-sample kind that takes one sample a step (loss, argmax) is
-    a live sample (step_samples)."""
-    return (indices[SAMPLE_LEVEL[ph.kind]] * ph.bounds[LANE_LEVEL[ph.kind]]
-            + indices[LANE_LEVEL[ph.kind]]) < batch
-
-
 def execute(phases, mem, batch, counts=None, zero_skip=True, settings=None):
     """Run `phases` on `mem` as the v2 engine does at batch `batch` (the core's batch
     register: at most the capacity the phases were compiled for; the lanes past it are dead,
-    block_lanes and sample_live); add the events to `counts` (a dict of spec.COUNTERS) and
+    block_lanes and step_samples); add the events to `counts` (a dict of spec.COUNTERS) and
     return (counts, correct: the samples the loss phase classified right). `settings`
     (spec.StepSettings) are the step's registers; inference uses zero_skip alone."""
     c = counts if counts is not None else dict.fromkeys(spec.COUNTERS, 0)
@@ -1015,7 +1008,7 @@ def _argmax(run, ph):
     mem, c, P = run.mem, run.c, run.mem.P
     best = best_n = 0
     for idx, addr, first, last in ph.walk():
-        if not sample_live(ph, idx, run.batch):
+        if not step_samples(ph, idx, run.batch, mem.build):
             continue
         logit = mem.grads[addr["a"], addr["o"] % P]
         c["grad_reads"] += 1
@@ -1030,7 +1023,7 @@ def _loss(run, ph):
     # one sample per step: its N logits (words a .. a + N - 1, lane o % P) to dY in place
     mem, c, P, n = run.mem, run.c, run.mem.P, ph.outputs
     for idx, addr, first, last in ph.walk():
-        if not sample_live(ph, idx, run.batch):
+        if not step_samples(ph, idx, run.batch, mem.build):
             continue
         lane, rows = addr["o"] % P, slice(addr["a"], addr["a"] + n)
         z = mem.grads[rows, lane].copy()

@@ -409,7 +409,7 @@ class SampleEngine(wiring.Component):
     def _live_samples(self, m, s):
         """The lanes of the presented step that hold samples of the batch (the batch
         register; a program runs any batch up to the one it was compiled for): golden twins
-        ember.dataflow.block_lanes and sample_live. `left`, the samples the walk has not yet
+        ember.dataflow.block_lanes and step_samples. `left`, the samples the walk has not yet
         passed, is the batch at the phase's start and whenever its sample level wraps, and
         drops by P as a sample block is passed (by 1 as a per-sample kind's sample is)."""
         bld, P = self.build, s.P
