@@ -181,3 +181,6 @@ def test_a_loaded_network_reports_the_energy_of_its_run(tmp_path):
     assert e.by_component_pj["link"] > 0
     for field in ("energy_pj", "dense_energy_pj", "saved_pj", "saved_fraction"):
         assert getattr(again, field) == pytest.approx(getattr(e, field)), field
+    # the last epoch's line of the history says what the run's report says
+    assert net.history[-1]["saved_fraction"] == pytest.approx(e.saved_fraction)
+    assert net.history[-1]["energy_pj"] == pytest.approx(e.energy_pj)

@@ -45,7 +45,7 @@ def _without_delivery(counters):
 def _without_energy(history):
     """A run's epochs without their energy: a resident epoch also reads the data memory, and
     so does its dense baseline."""
-    return [{k: v for k, v in h.items() if k not in ("energy_pj", "dense_energy_pj")}
+    return [{k: v for k, v in h.items() if k not in ("energy_pj", "dense_energy_pj", "saved_fraction")}
             for h in history]
 
 

@@ -119,12 +119,9 @@ class EnergyReport:
         (energy.UNCOUNTED_IN_DENSE), as in the trainer's report."""
         model = energy.EnergyModel(profile, build)
         grouped = model.grouped(counters)
-        spent = sum(grouped.values())
-        comparable = spent - sum(grouped[g] for g in energy.UNCOUNTED_IN_DENSE)
-        return cls(energy_pj=spent, dense_energy_pj=dense_energy_pj,
-                   saved_pj=dense_energy_pj - comparable,
-                   saved_fraction=1.0 - comparable / dense_energy_pj if dense_energy_pj else 0.0,
-                   by_component_pj=grouped,
+        saved_pj, saved_fraction = energy.saved(grouped, dense_energy_pj)
+        return cls(energy_pj=sum(grouped.values()), dense_energy_pj=dense_energy_pj,
+                   saved_pj=saved_pj, saved_fraction=saved_fraction, by_component_pj=grouped,
                    skipped_macs={r: counters.get(f"skip_{r}", 0) for r in spec.SKIP_REASONS},
                    samples=counters.get("samples", 0), cycles=counters.get("cycles", 0),
                    profile=model.name)

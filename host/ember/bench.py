@@ -263,8 +263,7 @@ def profile_ratios(runs_by_config, profiles=BENCH_PROFILES):
             grouped = [m.grouped(r["model"]["counters"]) for r in runs]
             totals = [sum(g.values()) for g in grouped]
             means[config] = float(np.mean(totals))
-            compute[config] = float(np.mean([t - sum(g[u] for u in energy.UNCOUNTED_IN_DENSE)
-                                             for g, t in zip(grouped, totals)]))
+            compute[config] = float(np.mean([energy.comparable_pj(g) for g in grouped]))
             shares[config] = {f"{g}_share": float(np.mean([x[g] / t if t else 0.0
                                                             for x, t in zip(grouped, totals)]))
                               for g in ("link", "clock")}

@@ -293,15 +293,26 @@ class EnergyModel:
 UNCOUNTED_IN_DENSE = ("link", "clock")
 
 
+def comparable_pj(grouped):
+    """The part of a run's energy (EnergyModel.grouped, pJ per group) that the dense baseline
+    also counts: everything but UNCOUNTED_IN_DENSE."""
+    return sum(v for g, v in grouped.items() if g not in UNCOUNTED_IN_DENSE)
+
+
+def saved(grouped, dense_pj):
+    """(saved_pj, saved_fraction) of a run's energy `grouped` (pJ per group) against the
+    dense baseline's `dense_pj`: both sides' compute and memory energy (comparable_pj)."""
+    comparable = comparable_pj(grouped)
+    return dense_pj - comparable, (1.0 - comparable / dense_pj if dense_pj else 0.0)
+
+
 def report(model, counters, dense_counters):
     """Energy of a run's `counters` under `model`, against the dense baseline's counters:
     energy_pj, energy_breakdown, dense_energy_pj, saved_pj and saved_fraction. Saved compares
     the compute and memory energy only (UNCOUNTED_IN_DENSE excluded on both sides), which
     under horowitz45, whose link and clock energies are 0, is the whole of it."""
     grouped = model.grouped(counters)
-    spent = sum(grouped.values())
-    comparable = spent - sum(grouped[g] for g in UNCOUNTED_IN_DENSE)
     dense = model.total(dense_counters)
-    return {"energy_pj": spent, "energy_breakdown": grouped, "dense_energy_pj": dense,
-            "saved_pj": dense - comparable,
-            "saved_fraction": 1.0 - comparable / dense if dense else 0.0}
+    saved_pj, saved_fraction = saved(grouped, dense)
+    return {"energy_pj": sum(grouped.values()), "energy_breakdown": grouped,
+            "dense_energy_pj": dense, "saved_pj": saved_pj, "saved_fraction": saved_fraction}

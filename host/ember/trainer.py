@@ -488,14 +488,16 @@ class Trainer:
             link = _link(dev)
             s.link_seq = link.seq if link is not None else None
             dev.clear_counters()
-            spent = self.energy.total(s.train_counters)
+            grouped = self.energy.grouped(s.train_counters)
             s.history.append({
                 "epoch": epoch + 1,
                 "train_accuracy": correct / seen if seen else None,
                 "test_accuracy": test_acc,
                 "batches_dropped": dropped,
-                "energy_pj": spent,
+                "energy_pj": sum(grouped.values()),
                 "dense_energy_pj": s.dense_energy,
+                # as the run's saved_fraction: both sides without link and clock energy
+                "saved_fraction": energy.saved(grouped, s.dense_energy)[1],
                 "keep_q8": base.keep_q8, "lr_shift": base.lr_shift,
                 "psg_step_shift": base.psg_step_shift,
             })
@@ -508,15 +510,13 @@ class Trainer:
         wall_s = time.perf_counter() - start
         self.final = (s, weights)
         train_counters, dense_energy, history = s.train_counters, s.dense_energy, s.history
-        spent = self.energy.total(train_counters)
+        grouped = self.energy.grouped(train_counters)
+        saved_pj, saved_fraction = energy.saved(grouped, dense_energy)
         dense_run = dense_run_counters(self.layers, self.build, n, cfg.batch_size, cfg.epochs,
                                        self.resident[0])
         models = [self.energy] + [energy.EnergyModel(name, self.build) for name in
                                   energy.profiles_for(self.build, cfg.profile)[1:]]
         by_profile = {m.name: energy.report(m, train_counters, dense_run) for m in models}
-        # link and clock energy are in the run's counters only (energy.report)
-        uncounted = sum(self.energy.grouped(train_counters)[g]
-                        for g in energy.UNCOUNTED_IN_DENSE)
         last = history[-1]
         return {
             "backend": self.device.backend,
@@ -529,11 +529,12 @@ class Trainer:
             "counters": train_counters,
             "eval_counters": s.eval_counters,
             "profile": self.energy.name,
-            "energy_pj": spent,
-            "energy_breakdown": self.energy.grouped(train_counters),
+            "energy_pj": sum(grouped.values()),
+            "energy_breakdown": grouped,
             "dense_energy_pj": dense_energy,
-            "saved_pj": dense_energy - (spent - uncounted),
-            "saved_fraction": 1.0 - (spent - uncounted) / dense_energy if dense_energy else 0.0,
+            # link and clock energy are in the run's counters only (energy.saved)
+            "saved_pj": saved_pj,
+            "saved_fraction": saved_fraction,
             "energy_by_profile": by_profile,
             "skipped": {r: train_counters[f"skip_{r}"] for r in spec.SKIP_REASONS},
             "macs": {k: train_counters[k] for k in ("mac_forward", "mac_input_grad",
@@ -568,5 +569,5 @@ def _progress(it, epoch, epochs, enabled, total=None):
 def _log(h):
     tr = "   -  " if h["train_accuracy"] is None else f"{100 * h['train_accuracy']:5.1f}%"
     print(f"epoch {h['epoch']:3d}  train {tr}  test {100 * h['test_accuracy']:5.1f}%  "
-          f"energy {h['energy_pj'] / 1e6:9.2f} uJ  ({100 * (1 - h['energy_pj'] / h['dense_energy_pj']):4.1f}% saved)"
+          f"energy {h['energy_pj'] / 1e6:9.2f} uJ  ({100 * h['saved_fraction']:4.1f}% saved)"
           f"  dropped {h['batches_dropped']}", file=sys.stderr)
