@@ -839,6 +839,12 @@ def sample_data_bytes(inputs):
     return DATA_WORD_BYTES * -(-inputs // DATA_WORD_BYTES)
 
 
+def sample_data_words(inputs):
+    """The data words one resident sample of `inputs` inputs takes (sample_data_bytes): the
+    gather's `data_reads` for each sample of a batch."""
+    return sample_data_bytes(inputs) // DATA_WORD_BYTES
+
+
 def check_resident(build, regs, layer_fields, epoch, evaluate):
     """The first of COMMAND_CHECKS an EPOCH (`epoch` true) and/or EVALUATE (`evaluate`)
     command fails, or None: an infer command's checks of the network and batch

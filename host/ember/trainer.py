@@ -86,8 +86,7 @@ def dense_counters(layers, build, batch, resident=False):
     # the dense baseline writes every weight it updates (no write enable on unchanged ones)
     m.counters["weight_writes"] = sum(k * n for k, n in zip(layers[:-1], layers[1:]))
     if resident:
-        m.counters["data_reads"] = batch * spec.sample_data_bytes(layers[0]) \
-            // spec.DATA_WORD_BYTES
+        m.counters["data_reads"] = batch * spec.sample_data_words(layers[0])
     return m.counters
 
 

@@ -395,7 +395,7 @@ class VirtualEngine:
         stride = spec.sample_data_bytes(K)
         x = self.data[:(n_train + self.regs["test_samples"]) * stride].reshape(-1, stride)[:, :K]
         # the gather reads each sample's words once per batch it is in (data_reads)
-        sample_words = stride // spec.DATA_WORD_BYTES
+        sample_words = spec.sample_data_words(K)
         if epoch:
             batch = self.regs["batch"]
             words = [int(w) for w in self.schedule[:-(-n_train // batch)]]
