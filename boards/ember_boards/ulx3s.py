@@ -44,13 +44,15 @@ LEDS = {"busy": ("led", 0), "link_busy": ("led", 1), "heartbeat": ("led", 7)}
 
 
 #: The LFE5U-85F's DSP rows (nextpnr's Y; its block RAM rows are at Y 22, 46, 70 and 82, between
-#: them) and the DSP blocks the lanes use in each (the X of a block's first column; a block has
-#: MULT18X18D sites at X, X+1, X+4 and X+5). The floorplan takes two sites per block, X and
-#: X+4, and at most LANES_PER_ROW lanes per row, spread evenly over up to twice as many sites
-#: as the row has lanes: with lanes packed four to a block in two rows, routing converged for
-#: one placement and not for the next.
+#: them) and its DSP blocks in each (the X of a block's first column; a block has MULT18X18D
+#: sites at X, X+1, X+4 and X+5; the die is 126 columns wide). The floorplan takes two sites
+#: per block, X and X+4, and at most LANES_PER_ROW lanes per row, spread evenly over up to
+#: twice as many sites as the row has lanes: with lanes packed four to a block in two rows,
+#: routing converged for one placement and not for the next; with the blocks of the left half
+#: only (X 4 to 58), the 32-lane build crowded that half and routed only after 233 iterations
+#: (docs/boards.md, session 21).
 MULTIPLIER_ROWS = (34, 58, 10)          # in the order rows are taken
-MULTIPLIER_BLOCKS = (4, 13, 22, 31, 40, 49, 58)
+MULTIPLIER_BLOCKS = (4, 13, 22, 31, 40, 49, 58, 69, 78, 87, 96, 105, 114)
 _BLOCK_SITES = ((0, 0), (4, 4))         # (X offset, MULT18_n)
 LANES_PER_ROW = 11
 
