@@ -186,10 +186,11 @@ def _per_sample(kind, build, batch, loops, gens, lane_step=1, **fields):
 
 
 def lane_step(kind, build):
-    """The samples a step of the per-sample kind `kind` takes: requant's the dX drain's
-    Build.drain_lanes (the D entries of one scratch bank word, through D shifters), the
-    others' one."""
-    return build.drain_lanes if kind == "requant" else 1
+    """The samples a step of the per-sample kind `kind` takes: Build.drain_lanes (D) for
+    requant (the D entries of one scratch bank word, through D shifters) and loss (D loss
+    units in lockstep on one logit word, one in each block of P / D lanes: _loss), one for
+    argmax."""
+    return build.drain_lanes if kind in ("requant", "loss") else 1
 
 
 def _forward_phases(layers, build, batch, shifts):
@@ -237,14 +238,14 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
 
 def _train_phases(layers, build, batch, shifts, psg_relative):
     P, S = build.lanes, sample_blocks(build, batch)
-    D = lane_step("requant", build)
+    D = build.drain_lanes                       # lane_step of requant and loss
     wbase, abase, halves = layout(layers, build, batch)
     L = len(layers) - 1
     phases = _forward_phases(layers, build, batch, shifts)
     n = layers[-1]
     phases += _per_sample("loss", build, batch, [],
                           {"a": (halves[0], {"s": n}), "o": (0, {"s": P, "p": 1})},
-                          outputs=n, layer=L - 1)
+                          lane_step=D, outputs=n, layer=L - 1)
     for l in range(L - 1, -1, -1):
         k, n = layers[l], layers[l + 1]
         g_cur, g_below = halves[(L - 1 - l) % 2], halves[(L - l) % 2]
@@ -430,9 +431,10 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
                        cycles after each snapshot (D = Build.drain_lanes lanes a cycle):
                        n_inner + (G - 1) * max(n_inner, P / D + WRITEBACK_GAP);
       input_grad:      the same with the dX drain's P / D cycles: max(n_inner, P / D + 1);
-      loss:            a step per sample, each the softmax-gradient unit's 3N + 23 cycles
-                       (ember_hw.loss) and 4 of the runner's; a dead sample's (step_samples)
-                       one;
+      loss:            a step per D samples (D loss units in lockstep, one sample in each
+                       lane block of P / D lanes), each the softmax-gradient unit's 3N + 23
+                       cycles (ember_hw.loss) and 3 + D of the runner's (D for the labels);
+                       a dead step's (its first sample, s * P + p, past the batch) one;
       select:          its steps, the selector (_selector_cycles), the kept list (N + 2),
                        and before them its header and bookkeeping (_book_cycles);
       weight_grad:     its steps; under PSG the second pass of each (channel, input group)
@@ -463,9 +465,12 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     elif kind == "input_grad":
         run = inner + (groups - 1) * max(inner, groups_drained + 1)
     elif kind == "loss":
-        walked = bounds[SAMPLE_LEVEL[kind]] * bounds[LANE_LEVEL[kind]]
-        live = min(batch, walked)
-        run = (steps // walked) * (live * (3 * ph.outputs + 23 + 4) + walked - live)
+        # a step's first sample is s * P + p (the host's o): live steps below the batch
+        blocks, S = bounds[SAMPLE_LEVEL[kind]], bounds[LANE_LEVEL[kind]]
+        walked = blocks * S
+        live = sum(min(S, max(0, batch - b * P)) for b in range(blocks))
+        D = lane_step(kind, build)
+        run = (steps // walked) * (live * (3 * ph.outputs + 23 + 3 + D) + walked - live)
     elif kind == "weight_grad":
         run = steps + ((GRAD_SUM_LATENCY + 1) * bounds[0] * bounds[1] if passes == 2 else 0)
         run += _update_stalls(bounds, build, bounds[PASS_LEVEL])
@@ -937,10 +942,10 @@ def block_lanes(ph, indices, batch, P):
 
 
 def step_samples(ph, indices, batch, build):
-    """The live samples of a step of a per-sample kind (LANE_LEVEL), of the lane_step it
-    takes: how many of the (s * n + p) * step-th sample and the step - 1 after it (s, p:
-    its indices at SAMPLE_LEVEL and LANE_LEVEL, n the lane level's bound; P / step for the
-    host's programs) are below the batch. The core counts the samples as it walks them
+    """The live samples of a step of argmax or requant (the loss phase's are its samples
+    below the batch: _loss), of the lane_step it takes: how many of the (s * n + p) * step-th
+    sample and the step - 1 after it (s, p: its indices at SAMPLE_LEVEL and LANE_LEVEL, n the
+    lane level's bound; P / step for the host's programs) are below the batch. The core counts the samples as it walks them
     (ember_hw.sample_engine), so a program whose lane level is not that wide runs the same
     there."""
     step = lane_step(ph.kind, build)
@@ -1020,19 +1025,30 @@ def _argmax(run, ph):
 
 
 def _loss(run, ph):
-    # one sample per step: its N logits (words a .. a + N - 1, lane o % P) to dY in place
-    mem, c, P, n = run.mem, run.c, run.mem.P, ph.outputs
+    # lane_step (D) samples a step, one in each lane block of S = P / D lanes: sample
+    # o + i * S's N logits (words a .. a + N - 1, lane i * S + o % S) to dY in place, for
+    # the samples below the batch (ember_hw.sample_engine's D loss units)
+    mem, n = run.mem, ph.outputs
+    D = lane_step(ph.kind, mem.build)
+    S = mem.P // D
     for idx, addr, first, last in ph.walk():
-        if not step_samples(ph, idx, run.batch, mem.build):
-            continue
-        lane, rows = addr["o"] % P, slice(addr["a"], addr["a"] + n)
-        z = mem.grads[rows, lane].copy()
-        label = mem.labels[addr["o"]]
-        mem.grads[rows, lane] = softmax_grad(z[None, :], [label])[0]
-        run.correct += int(argmax_first(z[None, :])[0] == label)
-        c["loss_elements"] += n
-        c["grad_reads"] += 3 * n
-        c["grad_writes"] += n
+        o = addr["o"]
+        for i in range(D):
+            if o + i * S < run.batch:
+                _loss_sample(run, o + i * S, i * S + o % S, slice(addr["a"], addr["a"] + n),
+                             n)
+
+
+def _loss_sample(run, sample, lane, rows, n):
+    """Sample `sample`'s logits (gradient words `rows`, lane `lane`) to dY in place."""
+    mem, c = run.mem, run.c
+    z = mem.grads[rows, lane].copy()
+    label = mem.labels[sample]
+    mem.grads[rows, lane] = softmax_grad(z[None, :], [label])[0]
+    run.correct += int(argmax_first(z[None, :])[0] == label)
+    c["loss_elements"] += n
+    c["grad_reads"] += 3 * n
+    c["grad_writes"] += n
 
 
 def _select(run, ph):

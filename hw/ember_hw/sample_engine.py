@@ -73,7 +73,8 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   requantizes them D = spec.Build.drain_lanes lanes a cycle. A step with the last k waits
   until the writeback unit is free when its sums arrive (P / D + WRITEBACK_GAP cycles apart).
 - argmax (s, lane, class n): the first maximum of each sample's logits into the predictions.
-- loss (s, lane): the softmax-gradient unit (ember_hw.loss) on one sample's logits in place.
+- loss (s, lane t of each lane block): Build.drain_lanes (D) softmax-gradient units
+  (ember_hw.loss) in lockstep, unit i on sample o + i P/D's logits in place (_loss).
 - select (j, s): ssProp's scores (sum over the live lanes of |dY| of channel j, or the LFSR),
   the selector (ember_hw.select), then the kept list: (j, j * K) of each kept channel in
   order, which the input- and weight-gradient phases add to their w and g addresses.
@@ -151,8 +152,9 @@ def event_bounds(build):
         "act_reads", "act_msb_reads", "grad_reads", "grad_lane_reads", "grad_msb_lane_reads",
         "mac_forward", "mac_input_grad", "mac_weight_grad", "mac_weight_grad_low",
         "skip_zero")})
-    bounds.update(loss_elements=build.max_width, samples=build.max_batch,
+    bounds.update(samples=build.max_batch,
                   grad_writes=build.drain_lanes, act_writes=build.drain_lanes,
+                  loss_elements=build.max_width * build.drain_lanes,
                   skip_psg=P * build.max_batch, skip_slu=2 * bnk, skip_ssprop=2 * bnk)
     return bounds
 
@@ -424,8 +426,8 @@ class SampleEngine(wiring.Component):
             advance = Mux(on, passed, advance)
             wrap = Mux(on, s.last[level:unit + 1].all(), wrap)
         s.per_sample = Cat(*[s.is_[k] for k in dataflow.LANE_LEVEL]).any()
-        # a requant step takes drain_lanes samples (dataflow.lane_step)
-        size = Mux(s.per_sample, Mux(s.is_["requant"], s.D, 1), P)
+        # a requant and a loss step take drain_lanes samples (dataflow.lane_step)
+        size = Mux(s.per_sample, Mux(s.is_["requant"] | s.is_["loss"], s.D, 1), P)
         with m.If(s.phase_started):
             m.d.sync += s.left.eq(self.batch)
         with m.Elif(s.issue & advance):
@@ -495,7 +497,12 @@ class SampleEngine(wiring.Component):
             P, s.GACC_ROUND, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
             shift_bits=len(s.shift), drain=s.D)
         m.submodules.requant = s.req = DxRequantizer(entries=s.D)
+        # the loss phase's D units in lockstep (dataflow.lane_step)
         m.submodules.loss = s.loss = SoftmaxGradUnit(max_classes=bld.max_width)
+        s.loss_units = [s.loss]
+        for i in range(1, s.D):
+            m.submodules[f"loss{i}"] = unit = SoftmaxGradUnit(max_classes=bld.max_width)
+            s.loss_units.append(unit)
         s.has_ssprop = "ssprop" in bld.features
         s.has_psg = "psg" in bld.features
         if s.has_ssprop:
@@ -660,44 +667,79 @@ class SampleEngine(wiring.Component):
 
     # ---------------------------------------------------------------- loss
     def _loss(self, m, s):
-        P, LOGP = s.P, self.logp
+        """D = drain_lanes samples a step in D softmax-gradient units in lockstep, a lane
+        block of S = P / D lanes each: step o's unit i takes sample o + i * S, in lane
+        i * S + o % S (golden twin: ember.dataflow._loss). Started together on the same N,
+        the units read the same logit word, each from its own block's lanes (an S-way
+        multiplexer near them), and write their gradients to the same word in the same
+        cycles, with a mask of the live samples (those below the batch)."""
+        P, D, LOGD = s.P, s.D, s.logd
+        S, LOGS = P // D, ceil_log2(P // D)
         on = s.is_["loss"]
-        loss = s.loss
-        lane = s.addr["o"][:LOGP]
-        label = Signal(spec.LABEL_BITS)
-        m.d.comb += [loss.classes.eq(s.N), loss.label.eq(label),
-                     loss.rd_data.eq(s.lane_value)]
+        units, lead = s.loss_units, s.loss
+        o = s.addr["o"]
+        t = o[:LOGS] if LOGS else Const(0, 1)
+        # unit i's sample and whether it is in the batch; a step whose first is not is dead
+        live = Cat(*[(o + (i << LOGS)) < self.batch for i in range(D)])
+        # the D labels, read one a cycle in LABEL (a shift register: the first is labels[0])
+        labels = [Signal(spec.LABEL_BITS, name=f"label{i}") for i in range(D)]
+        li = Signal(range(D))
+        # each unit's logit: its block's lane t of the read word (one P-way multiplexer on
+        # one unit, shared with argmax; an S-way one a unit on more)
+        pick = Signal(range(S))
+        for i, unit in enumerate(units):
+            value = s.lane_value if D == 1 else Array(
+                s.gmem.rd.data.word_select(i * S + j, spec.GRAD_BITS)
+                for j in range(S))[pick].as_signed()
+            m.d.comb += [unit.classes.eq(s.N), unit.label.eq(labels[i]),
+                         unit.rd_data.eq(value)]
+        with m.If(lead.rd_en):
+            m.d.sync += [s.count("grad_reads", popcount(live))]
+            m.d.sync += s.pick_lane.eq(o[:self.logp]) if D == 1 else pick.eq(t)
         with m.If(on):
-            # the run's labels: in its input bank on a resident build
-            m.d.comb += [s.l_rd.addr.eq(self._banked(s.addr["o"][:self.label_bits],
-                                                     self.input_bank)),
-                         s.gmem.rd.addr.eq(s.addr["a"] + loss.rd_addr)]
-        with m.If(loss.rd_en):
-            m.d.sync += [s.pick_lane.eq(lane), s.count("grad_reads")]
-        with m.If(loss.wr_en):
-            with m.If(s.addr["a"] + loss.wr_addr < self.build.grad_words):
-                self._grad_write(m, s, s.addr["a"] + loss.wr_addr, lane, loss.wr_data)
+            m.d.comb += s.gmem.rd.addr.eq(s.addr["a"] + lead.rd_addr)
+        with m.If(lead.wr_en):
+            with m.If(s.addr["a"] + lead.wr_addr < self.build.grad_words):
+                word = s.addr["a"] + lead.wr_addr
+                if D == 1:
+                    self._grad_write(m, s, word, o[:self.logp], lead.wr_data)
+                else:
+                    # each unit's gradient to its block's lanes; lane i * S + t written
+                    spread = Cat(*[Cat(live[i], Const(0, S - 1)) for i in range(D)])
+                    m.d.comb += [s.gmem.wr.addr.eq(word),
+                                 s.gmem.wr.data.eq(Cat(*[units[lane // S].wr_data.as_unsigned()
+                                                         for lane in range(P)])),
+                                 s.gmem.wr.en.eq(spread << t)]
+                    m.d.sync += s.count("grad_writes", popcount(live))
             with m.Else():
                 m.d.sync += s.fault.eq(1)
+        # the run's labels (in its input bank on a resident build): sample o's read in
+        # WAIT, o + (i + 1) * S's in LABEL's cycle i
+        in_label = Signal()
+        with m.If(on):
+            m.d.comb += s.l_rd.addr.eq(self._banked(
+                (o + Mux(in_label, (li + 1) << LOGS, 0))[:self.label_bits], self.input_bank))
         with m.FSM(name="loss_steps"):
             with m.State("WAIT"):
-                # a dead sample's step is taken at once
-                with m.If(on & s.nest.valid & s.sample_live):
+                m.d.sync += li.eq(0)
+                # a dead step is taken at once
+                with m.If(on & s.nest.valid & live[0]):
                     m.d.comb += s.stall.eq(1)
                     m.next = "LABEL"
             with m.State("LABEL"):
-                m.d.comb += s.stall.eq(1)
-                with m.If(~s.busy):
-                    m.next = "WAIT"
-                m.d.sync += label.eq(s.l_rd.data)
-                m.next = "GO"
+                m.d.comb += [s.stall.eq(1), in_label.eq(1)]
+                m.d.sync += [a.eq(b) for a, b in zip(labels, labels[1:] + [s.l_rd.data])]
+                m.d.sync += li.eq(li + 1)
+                with m.If(li == D - 1):
+                    m.next = "GO"
             with m.State("GO"):
-                m.d.comb += [s.stall.eq(1), loss.start.eq(1)]
+                m.d.comb += [s.stall.eq(1)] + [unit.start.eq(1) for unit in units]
                 m.next = "RUN"
             with m.State("RUN"):
-                with m.If(loss.done):
-                    m.d.sync += [s.correct.eq(s.correct + loss.correct),
-                                 s.count("loss_elements", s.N)]
+                with m.If(lead.done):
+                    right = Cat(*[unit.correct for unit in units]) & live
+                    m.d.sync += [s.correct.eq(s.correct + popcount(right)),
+                                 s.count("loss_elements", s.N * popcount(live))]
                     m.next = "WAIT"
                 with m.Else():
                     m.d.comb += s.stall.eq(1)
