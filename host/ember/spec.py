@@ -353,11 +353,11 @@ class Build:
             Setting("psg_step_shift", 0, WEIGHT_BITS - 2, feature="psg"),
             Setting("keep_q8", 1, KEEP_ONE, init=KEEP_ONE, feature="ssprop"),
             Setting("lfsr_seed", 1, (1 << 16) - 1, init=1, feature="ssprop_random"),
-            Setting("watchdog", 1, self.max_command_cycles(), init=self.max_command_cycles(),
-                    feature="watchdog"),
+            Setting("epoch_key", 0, (1 << 32) - 1, feature="resident"),
             Setting("train_samples", 0, self.data_samples, feature="resident"),
             Setting("test_samples", 0, self.data_samples, feature="resident"),
-            Setting("epoch_key", 0, (1 << 32) - 1, feature="resident"),
+            Setting("watchdog", 1, self.max_command_cycles(), init=self.max_command_cycles(),
+                    feature="watchdog"),
             Setting("infer_program", 0, self.program_words - 1, feature="resident"),
         )
         return {s.name: s for s in table}
@@ -717,10 +717,11 @@ REGISTERS = {
     "psg_step_shift": (0x1E, "rw"),
     "keep_q8": (0x1F, "rw"),
     "lfsr_seed": (0x20, "rw"),
-    "watchdog": (0x21, "rw"),      # the cycles one command may run (Setting "watchdog")
+    "epoch_key": (0x21, "rw"),     # the order key of the next EPOCH (schedule.epoch_order),
+    #                                beside the settings: one burst per epoch writes both
     "train_samples": (0x22, "rw"),  # resident training samples (0: no data loaded)
     "test_samples": (0x23, "rw"),  # resident test samples, after the training split
-    "epoch_key": (0x24, "rw"),     # the order key of the next EPOCH (schedule.epoch_order)
+    "watchdog": (0x24, "rw"),      # the cycles one command may run (Setting "watchdog")
     "infer_program": (0x25, "rw"),  # the program word INFER and EVALUATE start at (TRAIN and
     #                                 EPOCH at 0): the train and infer programs side by side
     "rejected": (0x13, "ro"),      # 1 + the COMMAND_CHECKS index the last command failed; 0
@@ -732,11 +733,11 @@ LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 7              # 3: writes and commands checked in the engine (bad_value);
+ENGINE_VERSION = 8              # 3: writes and commands checked in the engine (bad_value);
                                 # 4: abort, watchdog, the link answers while a command runs;
                                 # 5: the BAUD register; 6: resident data (its registers,
                                 # regions and the EPOCH and EVALUATE commands); 7: the
-                                # data_reads counter
+                                # data_reads counter; 8: EPOCH_KEY at 0x21, WATCHDOG at 0x24
 
 
 def read_only_values(build):
