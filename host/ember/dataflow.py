@@ -945,9 +945,9 @@ def step_samples(ph, indices, batch, build):
     """The live samples of a step of argmax or requant (the loss phase's are its samples
     below the batch: _loss), of the lane_step it takes: how many of the (s * n + p) * step-th
     sample and the step - 1 after it (s, p: its indices at SAMPLE_LEVEL and LANE_LEVEL, n the
-    lane level's bound; P / step for the host's programs) are below the batch. The core counts the samples as it walks them
-    (ember_hw.sample_engine), so a program whose lane level is not that wide runs the same
-    there."""
+    lane level's bound; P / step for the host's programs) are below the batch. The core counts
+    the samples as it walks them (ember_hw.sample_engine), so a program whose lane level is not
+    that wide runs the same there."""
     step = lane_step(ph.kind, build)
     first = (indices[SAMPLE_LEVEL[ph.kind]] * ph.bounds[LANE_LEVEL[ph.kind]]
              + indices[LANE_LEVEL[ph.kind]]) * step
