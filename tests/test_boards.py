@@ -254,10 +254,16 @@ def test_implied_throughput_arithmetic():
     assert fast["link_samples_per_s"] == 4166.7               # 300,000 bytes/s / 72
     assert fast["streaming_samples_per_s"] == 3846.2
     assert implied(figures, 20.0, baud=10**9)["bound_by"] == "engine"
-    # with the resident unit: its cycles (the gather in them) and the epoch's link bytes
+    # with the resident unit: its cycles (the gather in them) and the epoch's link bytes,
+    # 0.2 of them sent while the engine works
     held = dict(figures, resident_cycles_per_train_sample=440.0,
-                resident_link_bytes_per_train_sample=0.3)
+                resident_link_bytes_per_train_sample=0.3,
+                resident_overlapped_link_bytes_per_train_sample=0.2)
     r = implied(held, 20.0, baud=3_000_000)
-    # 1 / (440 / 20e6 + 0.3 * 10 / 3e6) = 1 / (22 + 1) us
-    assert r["resident_samples_per_s"] == 43478.3
-    assert r["resident_of_engine"] == round(43478.3 / 50_000, 3)
+    # 1 / (max(440 / 20e6, 0.2 * 10 / 3e6) + 0.1 * 10 / 3e6) = 1 / (22 + 1/3) us
+    assert r["resident_samples_per_s"] == 44776.1
+    assert r["resident_of_engine"] == round(44776.1 / 50_000, 3)
+    # a link slower than the engine: the overlapped bytes set the pace
+    slow = implied(held, 20.0, baud=50_000)
+    # 1 / (max(22, 0.2 * 200) + 0.1 * 200) us = 1 / 60 us
+    assert slow["resident_samples_per_s"] == 16666.7

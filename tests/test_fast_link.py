@@ -130,10 +130,12 @@ def test_throughput_json_has_the_issues_keys(monkeypatch, capsys):
     figures = {"cycles_per_train_sample": 3200.0, "cycles_per_infer_sample": 1000.0,
                "utilization": {"forward": 0.9}, "link_bytes_per_train_sample": 77.0}
     monkeypatch.setattr(bench, "dense_engine_figures", lambda *a, **k: figures)
-    # the ULX3S's build holds resident data: one epoch's cycles and link bytes per sample
+    # the ULX3S's build holds resident data: one epoch's cycles and link bytes per sample,
+    # and those sent while it runs
     monkeypatch.setattr(bench, "dense_resident_figures", lambda *a, **k: {
         "resident_cycles_per_train_sample": 3400.0,
-        "resident_link_bytes_per_train_sample": 0.25})
+        "resident_link_bytes_per_train_sample": 0.25,
+        "resident_overlapped_link_bytes_per_train_sample": 0.15})
     assert throughput.main(["--board", "icebreaker", "--json", "--report", "/nonexistent"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["baud"] == 3_000_000 and r["baud_error"] == 0.0 and r["uart_divisor"] == 8
@@ -144,5 +146,6 @@ def test_throughput_json_has_the_issues_keys(monkeypatch, capsys):
     assert throughput.main(["--board", "ulx3s", "--report", "/nonexistent"]) == 0
     text = capsys.readouterr().out
     assert "3000000 baud (divisor 10, error +0.00%)" in text
-    # 1 / (3400 / 30e6 + 0.25 * 10 / 3e6) against the engine's 30e6 / 3200 = 9375
-    assert "resident 8759.1 (93.4% of the engine's; 3400.0 cycles and 0.25 link bytes" in text
+    # 1 / (max(3400 / 30e6, 0.15 * 10 / 3e6) + 0.1 * 10 / 3e6) against 30e6 / 3200 = 9375
+    assert ("resident 8797.7 (93.8% of the engine's; 3400.0 cycles and 0.25 link bytes per "
+            "sample, 0.15 of them while the engine works)") in text

@@ -562,6 +562,7 @@ def test_bridge_matches_the_model_receiver_on_fuzz_streams():
         for name in sorted(fuzz.CLASSES):
             stream += fuzz.CLASSES[name](rng, regs)
     stream += encode_request("read", 1, 0x18, 2)
+    stream += encode_request("read", 2, 0x3FF, 2)      # its second word is past the limit
     reference, state = BusSlave(rng, limit=0x400, busy={0x41}), LinkState()
     expected = [execute_request(f.payload, reference, state, f.bad_escape)
                 for f in protocol.FrameReceiver().feed(bytes(stream))]

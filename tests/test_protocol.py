@@ -434,3 +434,40 @@ def test_register_map_export_is_current():
     from ember import regmap
     committed = json.loads((Path(__file__).parent.parent / "docs/register_map.json").read_text())
     assert committed == json.loads(json.dumps(regmap.register_map()))
+
+
+# --- Posted writes (a command's answer owed while other frames go) ----------------------------
+@pytest.mark.parametrize("fault", [None, "late"])
+def test_a_posted_write_answer_is_kept_among_other_frames(fault):
+    """The answer to a posted write that arrives while the Link waits for another frame's
+    (in the input it drops before sending, or among the answers it reads) is kept for
+    await_write: nothing is sent again and no byte counts as a resent answer."""
+    link, port, device = make_link(faults={1: fault})   # request 0 is the sync read
+    posted = link.post_write(0x10, 5)
+    link.write_words(0x20, [1, 2])
+    sent = port.requests
+    assert link.await_write(posted).status == "ok"
+    assert port.requests == sent
+    assert device.writes == 2 and device.memory[0x10] == 5 and device.memory[0x21] == 2
+    assert (link.resent_frames, link.resent_answer_bytes) == (0, 0)
+    assert (link.tx_bytes, link.rx_bytes) == (port.written, port.read_out)
+    with pytest.raises(RuntimeError):
+        link.post_write(0x11, 1)
+        link.post_write(0x12, 1)
+
+
+def test_a_posted_write_whose_answer_is_lost_is_not_sent_again():
+    """A lost answer to a posted write raises LinkError (no_response) without sending the
+    frame again (the device would run it again); one the device got garbled (bad_crc) is
+    sent again, as it did not run."""
+    link, port, device = make_link(faults={1: "drop"})
+    posted = link.post_write(0x10, 5)
+    link.write_words(0x20, [1])
+    with pytest.raises(LinkError) as error:
+        link.await_write(posted)
+    assert error.value.status == "no_response" and "may have run" in str(error.value)
+    assert device.writes == 2 and link.resent_frames == 0
+    link, port, device = make_link(faults={1: "corrupt_request"})
+    posted = link.post_write(0x10, 5)
+    assert link.await_write(posted).status == "ok"
+    assert device.writes == 1 and device.memory[0x10] == 5 and link.resent_frames == 1

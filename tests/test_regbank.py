@@ -176,8 +176,9 @@ def test_out_of_range_writes_are_refused_not_truncated():
     cases = [(regmap.reg(n), s) for n, s in table.items()
              if s.feature is None or s.feature in SMALL.features] + \
         [(regmap.layer_field(1, f), s) for f, s in fields.items()]
-    # (not the resident unit's train/test_samples, epoch_key and infer_program)
-    assert len(cases) == len(table) - 4 + len(fields)
+    # (not the resident unit's train/test_samples, epoch_key, schedule_half and
+    # infer_program)
+    assert len(cases) == len(table) - 5 + len(fields)
     log = []
 
     async def bench(ctx):

@@ -114,11 +114,11 @@ class KilledInEpoch:
     def __getattr__(self, name):
         return getattr(self.device, name)
 
-    def train_epoch(self, schedule):
+    def train_epoch(self, schedule, next_schedule=None):
         if self.calls == self.kill_at:
             raise KeyboardInterrupt
         self.calls += 1
-        return self.device.train_epoch(schedule)
+        return self.device.train_epoch(schedule, next_schedule)
 
 
 def test_a_resumed_resident_run_ends_as_one_straight_through(digits, tmp_path):
@@ -133,11 +133,36 @@ def test_a_resumed_resident_run_ends_as_one_straight_through(digits, tmp_path):
     ckpt = load_checkpoint(path)
     assert ckpt["epoch"] == 2
     with ModelDevice(RESIDENT) as dev:
+        written = _count_schedule_writes(dev)
         resumed = Trainer(dev, digits, cfg, progress=False, resident="on", resume=ckpt).run()
     assert resumed["weights_sha256"] == straight["weights_sha256"]
-    assert resumed["counters"] == straight["counters"]
+    # the killed run's epoch 2 sent epoch 3's schedule while it ran (Device.train_epoch's
+    # next_schedule); the resumed run's device does not hold it and is sent it again before
+    # epoch 3: that write (its frame and answer) is the one difference, in the link bytes
+    assert [overlapped for overlapped, _, _ in written] == [False]
+    _, host_sent, host_got = written[0]
+    assert resumed["counters"] == {**straight["counters"],
+                                   "link_rx_bytes": straight["counters"]["link_rx_bytes"]
+                                   + host_sent,
+                                   "link_tx_bytes": straight["counters"]["link_tx_bytes"]
+                                   + host_got}
     assert resumed["eval_counters"] == straight["eval_counters"]
     assert resumed["history"] == straight["history"]
+
+
+def _count_schedule_writes(dev):
+    """Record each schedule write of `dev` as (overlapped, bytes the host sent, bytes it
+    received)."""
+    written, write = [], dev._write_schedule
+
+    def counting(half, words, overlapped=False):
+        link = dev.link
+        tx, rx = link.tx_bytes, link.rx_bytes
+        write(half, words, overlapped)
+        written.append((overlapped, link.tx_bytes - tx, link.rx_bytes - rx))
+
+    dev._write_schedule = counting
+    return written
 
 
 def _device(layers=(64, 32, 10), build=RESIDENT):
@@ -363,3 +388,68 @@ def test_the_simulated_board_refuses_hostile_resident_frames_as_the_model_does(s
     assert want[:4] == [("bad_value", None), ("ok", [data_check])] * 2
     assert [s for s, _ in want[4:10]] == ["bad_value"] * 3 + ["out_of_range"] * 2 + \
         ["bad_value"]
+
+
+def _schedule_halves_session(dev):
+    """An EPOCH posted (Link.post_write) and frames sent while it runs: a schedule word in
+    the half it reads, in the other half and at the region's end, a data word, STATUS, then
+    an abort. At batch 2 the epoch's 1,023 batches fit half 0; at batch 1 its 2,046 span
+    both halves. Then two epochs, the second's schedule sent while the first runs. Returns
+    the answers in order and the weights."""
+    link, reg, region = dev.link, regmap.reg, regmap.region
+    b, layers = dev.build, [64, 32, 10]
+    H, n = spec.schedule_half_words(b), b.data_samples - 2
+    rng = np.random.default_rng(12)
+    dev.configure(layers)
+    dev.load_weights(golden.init_weights(layers, 3))
+    dev.load_data(rng.integers(0, 256, (n, 64)), rng.integers(0, 10, n))
+    out = []
+
+    def answer(call):
+        try:
+            out.append(("ok", call()))
+        except LinkError as e:
+            out.append((e.status, None))
+
+    for batch in (2, 1):
+        dev.prepare_epochs(batch)
+        dev._write_runs(regmap.settings_writes(StepSettings(update_mask=(False, False)), 2)
+                        + [(reg("epoch_key"), 9), (reg("schedule_half"), 0)])
+        posted = link.post_write(reg("control"), spec.CONTROL_EPOCH)
+        for offset in (0, H, b.data_samples - 1):
+            answer(lambda offset=offset: link.write_words(region("schedule") + offset, [0]))
+        answer(lambda: link.write_words(region("data"), [0]))
+        answer(lambda: link.read_words(reg("status"), 1))
+        answer(lambda: link.write_words(reg("control"), [spec.CONTROL_ABORT]))
+        try:                # the sim stops the epoch (aborted); the model's has run (ok)
+            link.await_write(posted)
+        except LinkError as e:
+            assert e.status == "aborted"
+    dev._schedules = [None, None]       # the words written above
+    dev.prepare_epochs(64)
+    first, second = (EpochSchedule(key, n, 64, StepSettings(update_mask=(True, True)),
+                                   (False,) * 32, ((True, True),) * 32, tuple(range(s, s + 32)))
+                     for key, s in ((3, 1), (4, 100)))
+    out.append(dev.train_epoch(first, next_schedule=second))
+    out.append(dev.train_epoch(second))
+    return out, dev.read_weights(), dev.overlapped_link_bytes
+
+
+@pytest.mark.parametrize("simulator", ["verilator"])
+def test_the_next_schedule_goes_in_while_an_epoch_runs(simulator):
+    """While an EPOCH runs, the schedule half it reads answers writes `busy` (both halves when
+    its batches outnumber a half's words) and the other half takes them, on the simulated
+    board as in the model; an epoch whose schedule was sent during the one before trains as
+    the model's."""
+    with open_device("sim", build=RESIDENT, simulator=simulator) as sim:
+        got, got_weights, got_overlapped = _schedule_halves_session(sim)
+    with ModelDevice(RESIDENT) as model:
+        want, want_weights, want_overlapped = _schedule_halves_session(model)
+    assert got == want
+    assert want[:12] == [("busy", None), ("ok", None), ("ok", None), ("busy", None),
+                         ("ok", [1]), ("ok", None),
+                         ("busy", None), ("busy", None), ("busy", None), ("busy", None),
+                         ("ok", [1]), ("ok", None)]
+    for g, w in zip(got_weights, want_weights):
+        np.testing.assert_array_equal(g, w)
+    assert got_overlapped == want_overlapped > 32 * 4

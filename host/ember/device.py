@@ -177,6 +177,11 @@ class EngineDevice(Device):
         self.layers = None
         self._batch = None
         self._programs = {}                 # engine v2: command -> (key, end, first word)
+        # resident data: the schedule words each half of the schedule region holds (None:
+        # not known), and the link bytes that crossed while a command ran (a next epoch's
+        # schedule written during an epoch: bench, ember_boards.throughput)
+        self._schedules = [None, None]
+        self.overlapped_link_bytes = 0
         # INFER_PROGRAM as last written (unknown on a build with the register until then)
         self._infer_program = None if "resident" in self.build.features else 0
         self._resident = None               # (train, test samples) loaded, or None
@@ -269,20 +274,30 @@ class EngineDevice(Device):
     #: seconds a train or infer command may take before its (delayed) answer is given up on
     command_timeout = 60.0
 
-    def _run(self, control):
+    def _run(self, control, meanwhile=None):
         """Start a command; the engine answers the write when the command has finished. A
         command the engine's own check refuses (bad_value; the host's checks should have
         caught it first) raises ConfigError naming the check (REJECTED); one the device
         stopped raises CommandStopped. Interrupted (Ctrl-C) while the command runs, the host
         aborts it and waits for its answer before it lets the interrupt go on, so the device
-        is left idle and, if the command had not yet written a weight, untouched."""
+        is left idle and, if the command had not yet written a weight, untouched.
+        `meanwhile` (a build with the `abort` unit, whose link answers while a command runs):
+        called after the command's write is sent and before its answer is awaited, to send
+        frames the device takes while it runs."""
         timeout = self.link.timeout
         self.link.timeout = max(timeout, self.command_timeout)
         name = next(n for bit, n in ((spec.CONTROL_TRAIN, "train"), (spec.CONTROL_INFER, "infer"),
                                      (spec.CONTROL_EPOCH, "epoch"),
                                      (spec.CONTROL_EVALUATE, "evaluate")) if control & bit)
         try:
-            self.link.write_words(regmap.reg("control"), [control])
+            if meanwhile is None:
+                self.link.write_words(regmap.reg("control"), [control])
+            else:
+                posted = self.link.post_write(regmap.reg("control"), control)
+                try:
+                    meanwhile()
+                finally:
+                    self.link.await_write(posted)
         except KeyboardInterrupt:
             if "abort" in self.build.features:
                 self.abort()
@@ -424,12 +439,19 @@ class EngineDevice(Device):
                               "load_data() first")
         return loaded
 
-    def train_epoch(self, schedule):
+    def train_epoch(self, schedule, next_schedule=None):
         """Train one epoch on the resident training split as `schedule` says
         (ember.schedule.EpochSchedule: the order key, the batch size, each batch's SMD drop,
         SLU mask and LFSR seed, the epoch's settings), in one command. Returns how many of
         the trained samples the forward passes classified correctly. The same weights and
-        event counters as training the schedule's batches one by one (train_batch)."""
+        event counters as training the schedule's batches one by one (train_batch).
+
+        `next_schedule`: the next epoch's, if the caller knows it. Its words go into the
+        schedule half this epoch does not read while this epoch runs, so the next
+        train_epoch(next_schedule) finds them there and sends only its settings and command:
+        the link's time hides behind the engine's. Only where the link answers while a
+        command runs (the `abort` unit) and each epoch's batches fit a half
+        (spec.schedule_half_words); otherwise the next epoch writes them itself."""
         n_train, _ = self._need_data("training")
         if schedule.samples != n_train:
             raise ConfigError(f"the schedule covers {schedule.samples} samples; the resident "
@@ -442,15 +464,40 @@ class EngineDevice(Device):
         # (the descriptors are prepare_epochs' already: an epoch's link bytes do not depend
         # on what ran before it, and a resumed run's first epoch is the straight run's)
         self._write_descriptors(schedule.batch_size)
+        words = schedule.words()
+        half = self._schedules.index(words) if words in self._schedules else 0
         self._write_runs(regmap.settings_writes(schedule.settings, n_layers)
-                         + [(regmap.reg("epoch_key"), schedule.key)])
+                         + [(regmap.reg("epoch_key"), schedule.key),
+                            (regmap.reg("schedule_half"), half)])
         # one program for the epoch's batches and its short last one (engine v2)
         self._write_program("train", schedule.batch_size,
                             schedule.settings.psg and schedule.settings.psg_relative)
-        for base, words in regmap.schedule_writes(schedule.words()):
-            self.link.write_words(base, words)
-        self._run(spec.CONTROL_EPOCH)
+        if self._schedules[half] != words:
+            self._write_schedule(half, words)
+        ahead = None if next_schedule is None else next_schedule.words()
+        H = spec.schedule_half_words(self.build)
+        if (ahead is None or ahead in self._schedules or "abort" not in self.build.features
+                or max(len(words), len(ahead)) > H):
+            self._run(spec.CONTROL_EPOCH)
+        else:
+            self._run(spec.CONTROL_EPOCH, meanwhile=lambda: self._write_schedule(
+                1 - half, ahead, overlapped=True))
         return self.link.read_words(regmap.reg("correct"), 1)[0]
+
+    def _write_schedule(self, half, words, overlapped=False):
+        """An epoch's schedule words into the schedule region from half `half` on (wrapping
+        at its end), noting what each half then holds."""
+        link, before = self.link, self.link.tx_bytes + self.link.rx_bytes
+        H = spec.schedule_half_words(self.build)
+        spans = len(words) > H
+        self._schedules[half] = None
+        if spans:
+            self._schedules[1 - half] = None
+        for base, run in regmap.schedule_writes(words, half * H, self.build.data_samples):
+            link.write_words(base, run)
+        self._schedules[half] = words
+        if overlapped:
+            self.overlapped_link_bytes += link.tx_bytes + link.rx_bytes - before
 
     def evaluate_resident(self):
         """Infer the resident test split on the device, in batches of max_batch (as

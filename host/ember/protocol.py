@@ -395,6 +395,14 @@ def default_timeout(baud):
     return 0.25 + worst_bytes * 10 / baud
 
 
+@dataclass(frozen=True)
+class PostedWrite:
+    """A WRITE frame sent by ``Link.post_write`` whose answer is owed."""
+    seq: int
+    frame: bytes
+    what: str
+
+
 class Link:
     """Word reads and writes to the engine over a byte port.
 
@@ -441,6 +449,10 @@ class Link:
         self.resent_answer_bytes = 0
         self._decoder = SlipDecoder()
         self._device_synced = False
+        # posted writes whose answer is owed: seq -> (Response, its wire bytes) once it has
+        # arrived while the host waited for another frame's, else None
+        self._owed = {}
+        self._owed_bytes = 0
 
     @property
     def retransmissions(self):
@@ -465,6 +477,32 @@ class Link:
             words += self._transact("read", addr + start, n, None, what).words
         return words
 
+    def post_write(self, addr, word):
+        """Send a one-word WRITE whose answer comes late (a command: the engine answers it
+        when the command ends) and return at once, with a ticket for ``await_write``.
+        Meanwhile other frames go and come as usual (the device answers them while the
+        command runs, docs/protocol.md section 10); the posted frame's answer, if it arrives
+        among theirs, is kept for ``await_write``. One write may be owed at a time."""
+        if self._owed:
+            raise RuntimeError("a posted write's answer is still owed")
+        self._check_words(addr, [word])
+        what = f"write of 1 words at 0x{addr:06x}"
+        if not self._device_synced:
+            self._transact("read", addr, 1, None, what, any_status=True)
+        seq, frame = self._next_frame("write", addr, 1, [int(word)])
+        self._send(frame)
+        self._owed[seq] = None
+        return PostedWrite(seq, frame, what)
+
+    def await_write(self, posted):
+        """Wait for the answer to ``post_write``'s frame, up to the Link's timeout; returns it
+        or raises LinkError, as ``write_words``. The frame is sent again only if the device
+        answered that it arrived garbled (bad_crc, bad_length: not executed). A lost or
+        garbled answer raises LinkError (``no_response``) instead: the command may have run,
+        and a WRITE sent after it means the device would run it again rather than answer
+        ``duplicate``."""
+        return self._transact("write", None, 1, None, posted.what, posted=posted)
+
     def write_words(self, addr, words):
         """Write `words` (ints 0..2**32-1) starting at word address `addr`.
 
@@ -472,12 +510,7 @@ class Link:
         words before the failing one (see LinkError.addr) stay written.
         """
         words = [int(w) for w in words]
-        if not words or addr < 0 or addr + len(words) > (1 << spec.BUS_ADDR_BITS):
-            raise ValueError(f"cannot write {len(words)} words at 0x{addr:06x}: the bus has "
-                             f"{spec.BUS_ADDR_BITS}-bit addresses and a write needs >= 1 word")
-        for i, word in enumerate(words):
-            if not 0 <= word < (1 << spec.BUS_DATA_BITS):
-                raise ValueError(f"word {i} is {word}; bus words are 0..2**{spec.BUS_DATA_BITS}-1")
+        self._check_words(addr, words)
         what = f"write of {len(words)} words at 0x{addr:06x}"
         if not self._device_synced:
             self._transact("read", addr, 1, None, what, any_status=True)
@@ -485,22 +518,54 @@ class Link:
             chunk = words[start:start + spec.LINK_MAX_WORDS]
             self._transact("write", addr + start, len(chunk), chunk, what)
 
-    def _transact(self, cmd, addr, count, words, what, any_status=False):
-        """Send one frame until a valid response arrives; return it or raise LinkError."""
+    @staticmethod
+    def _check_words(addr, words):
+        if not words or addr < 0 or addr + len(words) > (1 << spec.BUS_ADDR_BITS):
+            raise ValueError(f"cannot write {len(words)} words at 0x{addr:06x}: the bus has "
+                             f"{spec.BUS_ADDR_BITS}-bit addresses and a write needs >= 1 word")
+        for i, word in enumerate(words):
+            if not 0 <= int(word) < (1 << spec.BUS_DATA_BITS):
+                raise ValueError(f"word {i} is {word}; bus words are 0..2**{spec.BUS_DATA_BITS}-1")
+
+    def _next_frame(self, cmd, addr, count, words):
         seq, self.seq = self.seq, (self.seq + 1) & 0xFF
-        frame = encode_request(cmd, seq, addr, count, words)
+        return seq, encode_request(cmd, seq, addr, count, words)
+
+    def _send(self, frame):
+        self._drop_input()
+        self._decoder.reset()
+        self.port.write(frame)
+        self.tx_bytes += len(frame)
+
+    def _transact(self, cmd, addr, count, words, what, any_status=False, posted=None):
+        """Send one frame until a valid response arrives; return it or raise LinkError. A
+        `posted` frame (post_write) has been sent once already: its answer may be kept."""
+        if posted is None:
+            seq, frame = self._next_frame(cmd, addr, count, words)
+            kept = None
+        else:
+            seq, frame = posted.seq, posted.frame
+            kept = self._owed.pop(seq)
         expect_words = count if cmd == "read" else 0
         problem = None
-        received_before = self.rx_bytes
+        # bytes of an answer owed to a posted frame are that frame's, not extra bytes of this
+        self._owed_bytes = 0
+        received_before = self.rx_bytes - (kept[1] if kept else 0)
         for attempt in range(self.retries + 1):
             if attempt:
                 self.resent_frames += 1
                 self.resent_bytes += len(frame)
-            self._drop_input()
-            self._decoder.reset()
-            self.port.write(frame)
-            self.tx_bytes += len(frame)
-            response, problem = self._await_response(seq, expect_words)
+            if attempt or posted is None:
+                self._send(frame)
+            if kept:
+                (response, _), problem, kept = kept, None, None
+            else:
+                response, problem = self._await_response(seq, expect_words)
+            if response is None and posted is not None:
+                # never sent again: its answer may be lost after it ran, and the writes sent
+                # since mean the device would not know it for a duplicate
+                raise LinkError(f"{what} (posted) got no valid answer ({problem}); the "
+                                "command may have run", "no_response", seq)
             if response is None:
                 continue
             if response.status in RETRYABLE:
@@ -510,7 +575,8 @@ class Link:
             # duplicate, the ok answer its executed transmission got (received before it)
             one = response.payload if response.status != "duplicate" or not attempt else \
                 seal(bytes([spec.LINK_STATUS["ok"], seq]))
-            self.resent_answer_bytes += self.rx_bytes - received_before - len(slip_encode(one))
+            self.resent_answer_bytes += (self.rx_bytes - received_before - self._owed_bytes
+                                         - len(slip_encode(one)))
             if cmd == "read":
                 # An executed read makes the device forget its last write seq (docs/protocol.md).
                 self._device_synced = True
@@ -534,13 +600,32 @@ class Link:
     def _drop_input(self):
         """Discard what waits in the port (a late answer, noise), counting it in rx_bytes."""
         waiting = getattr(self.port, "in_waiting", 0)
+        decoder = SlipDecoder()
         while waiting:
             dropped = self.port.read(waiting)
             if not dropped:
                 break
             self.rx_bytes += len(dropped)
+            if self._owed:
+                for payload in decoder.feed(dropped):
+                    self._keep_if_owed(payload)
             waiting = getattr(self.port, "in_waiting", 0)
         self.port.reset_input_buffer()
+
+    def _keep_if_owed(self, payload, response=None):
+        """Keep the answer to a posted frame that arrived while the host waited for another;
+        True if it was one."""
+        if response is None:
+            try:
+                response = decode_response(payload)
+            except FrameError:
+                return False
+        if response.seq not in self._owed or self._owed[response.seq] is not None:
+            return False
+        size = len(slip_encode(payload))
+        self._owed[response.seq] = (response, size)
+        self._owed_bytes += size
+        return True
 
     def _await_response(self, seq, expect_words):
         """Read until the response to `seq` arrives. Returns (Response, None) or
@@ -564,6 +649,7 @@ class Link:
                 except FrameError as error:
                     return None, f"garbled response ({error})"
                 if response.seq != seq:
+                    self._keep_if_owed(payload, response)
                     continue
                 if response.status == "ok" and len(response.words) != expect_words:
                     return None, (f"ok response with {len(response.words)} words; "

@@ -198,9 +198,17 @@ def data_writes(x, y):
     return [(region("data"), pack_bytes(padded)), (region("data_labels"), pack_halves(y))]
 
 
-def schedule_writes(words):
-    """An epoch's schedule words (ember.schedule.EpochSchedule.words) as one burst."""
-    return [(region("schedule"), [int(w) for w in words])]
+def schedule_writes(words, first=0, size=None):
+    """An epoch's schedule words (ember.schedule.EpochSchedule.words) from word `first` of
+    the schedule region on, wrapping at its `size` words (Build.data_samples): one burst, or
+    two where they wrap."""
+    words = [int(w) for w in words]
+    size = size or first + len(words)
+    head = words[:size - first]
+    out = [(region("schedule") + first, head)]
+    if len(words) > len(head):
+        out.append((region("schedule"), words[len(head):]))
+    return out
 
 
 def program_writes(words):

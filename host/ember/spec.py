@@ -148,6 +148,26 @@ SCHEDULE_DROP_BIT = 31
 assert SCHEDULE_MASK_LSB + MAX_LAYERS <= SCHEDULE_DROP_BIT
 
 
+def schedule_half_words(build):
+    """H, the words of the schedule region's lower half: the largest power of two at most
+    half of Build.data_samples (1 on a build of one sample). An EPOCH with `schedule_half` h
+    reads its schedule words from h * H on, wrapping at data_samples: batch b's word is
+    (h * H + b) mod data_samples. While an EPOCH or EVALUATE runs, a schedule word in the half
+    it may read answers a write `busy` (schedule_halves_in_use), and a word in the other half
+    takes it: the host writes the next epoch's schedule there meanwhile (docs/protocol.md
+    section 11)."""
+    return 1 << max(0, (build.data_samples // 2).bit_length() - 1)
+
+
+def schedule_halves_in_use(build, batch, train_samples, half):
+    """The halves (a set of 0 and 1) of the schedule region that an EPOCH of `train_samples`
+    samples in batches of `batch`, reading from half `half`, may read: its own, or both when
+    its batches outnumber a half's words (train_samples > batch * H). Offset o lies in half
+    1 when o >= H. The engine's test needs no division: H is a power of two."""
+    H = schedule_half_words(build)
+    return {0, 1} if train_samples > batch * H else {half}
+
+
 #: Optional engine units, in the bit order of the read-only FEATURES register. A build leaves
 #: out the units it does not list in Build.features (to fit a small FPGA); the host refuses
 #: settings that need a missing unit before it writes anything.
@@ -354,6 +374,7 @@ class Build:
             Setting("keep_q8", 1, KEEP_ONE, init=KEEP_ONE, feature="ssprop"),
             Setting("lfsr_seed", 1, (1 << 16) - 1, init=1, feature="ssprop_random"),
             Setting("epoch_key", 0, (1 << 32) - 1, feature="resident"),
+            Setting("schedule_half", 0, 1, feature="resident"),
             Setting("train_samples", 0, self.data_samples, feature="resident"),
             Setting("test_samples", 0, self.data_samples, feature="resident"),
             Setting("watchdog", 1, self.max_command_cycles(), init=self.max_command_cycles(),
@@ -719,10 +740,12 @@ REGISTERS = {
     "lfsr_seed": (0x20, "rw"),
     "epoch_key": (0x21, "rw"),     # the order key of the next EPOCH (schedule.epoch_order),
     #                                beside the settings: one burst per epoch writes both
-    "train_samples": (0x22, "rw"),  # resident training samples (0: no data loaded)
-    "test_samples": (0x23, "rw"),  # resident test samples, after the training split
-    "watchdog": (0x24, "rw"),      # the cycles one command may run (Setting "watchdog")
-    "infer_program": (0x25, "rw"),  # the program word INFER and EVALUATE start at (TRAIN and
+    "schedule_half": (0x22, "rw"),  # the schedule half the next EPOCH reads (schedule_half_
+    #                                 words): the host writes the other one while it runs
+    "train_samples": (0x23, "rw"),  # resident training samples (0: no data loaded)
+    "test_samples": (0x24, "rw"),  # resident test samples, after the training split
+    "watchdog": (0x25, "rw"),      # the cycles one command may run (Setting "watchdog")
+    "infer_program": (0x26, "rw"),  # the program word INFER and EVALUATE start at (TRAIN and
     #                                 EPOCH at 0): the train and infer programs side by side
     "rejected": (0x13, "ro"),      # 1 + the COMMAND_CHECKS index the last command failed; 0
     "stopped": (0x14, "ro"),       # what the last command left if it was stopped: STOP_FIELDS
@@ -733,11 +756,12 @@ LAYER_BASE = 0x40
 LAYER_STRIDE = 8
 LAYER_FIELDS = ("inputs", "outputs", "weight_base", "act_base", "shift")
 ENGINE_ID = 0x454D4252          # "EMBR"
-ENGINE_VERSION = 8              # 3: writes and commands checked in the engine (bad_value);
+ENGINE_VERSION = 9              # 3: writes and commands checked in the engine (bad_value);
                                 # 4: abort, watchdog, the link answers while a command runs;
                                 # 5: the BAUD register; 6: resident data (its registers,
                                 # regions and the EPOCH and EVALUATE commands); 7: the
-                                # data_reads counter; 8: EPOCH_KEY at 0x21, WATCHDOG at 0x24
+                                # data_reads counter; 8: EPOCH_KEY at 0x21, WATCHDOG at 0x24;
+                                # 9: SCHEDULE_HALF at 0x22 (the schedule's two halves)
 
 
 def read_only_values(build):

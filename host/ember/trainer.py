@@ -48,6 +48,7 @@ the last evaluation (so the device's batch descriptors are as the run left them)
 same way, so both runs go on from identical device states.
 """
 
+import copy
 import hashlib
 import json
 import os
@@ -451,6 +452,15 @@ class Trainer:
                 correct += self.device.train_batch(ds.x_train[idx], ds.y_train[idx], settings)
         return correct
 
+    def _draw_ahead(self, s, epoch, n):
+        """The next epoch's schedule, drawn from copies of the run's streams (which stay as
+        they are, so a checkpoint and a resumed run see them as without it), for the device
+        to receive while this epoch runs; None after the last epoch."""
+        if epoch + 1 >= self.cfg.epochs:
+            return None
+        streams = copy.deepcopy((s.shuffle, s.smd, s.slu, s.lfsr))
+        return draw_epoch(self.cfg, epoch_settings(self.cfg, epoch + 1), n, *streams)
+
     def run(self):
         cfg, dev, ds = self.cfg, self.device, self.ds
         start = time.perf_counter()
@@ -475,8 +485,8 @@ class Trainer:
                 s.train_counters["skip_smd"] += b * dense_per_sample if drop else 0
             dropped = sum(sched.drops)
             seen = n - sum(b for b, d in zip(sched.batch_sizes(), sched.drops) if d)
-            correct = dev.train_epoch(sched) if self.resident[0] else \
-                self._stream_epoch(sched, epoch)
+            correct = dev.train_epoch(sched, self._draw_ahead(s, epoch, n)) \
+                if self.resident[0] else self._stream_epoch(sched, epoch)
             add_counters(s.train_counters, dev.take_counters())
             if self.resident[1]:
                 test_acc = dev.evaluate_resident() / len(ds.x_test)

@@ -5,7 +5,8 @@ link. Golden twin: ``ember.virtual.VirtualEngine._resident_command``, with
 order, made here by ``ember_hw.order.SampleOrder``); tested by tests/test_epoch_sequencer.py.
 
 EPOCH walks the training split's n = ``train_samples`` samples in ``epoch_order(epoch_key, n)``,
-in batches of B = ``batch`` (the last short). Schedule word b drops batch b (bit
+in batches of B = ``batch`` (the last short). Batch b's schedule word (word b of the half
+``schedule_half`` names, wrapping at the region's end: ``spec.schedule_half_words``) drops it (bit
 ``SCHEDULE_DROP_BIT``: its indices are taken from the order and nothing else happens) or gives
 its update mask (the bits from ``SCHEDULE_MASK_LSB``, only the low ``layers`` kept) and its LFSR
 seed (the low ``SCHEDULE_SEED_BITS``, 0 run as 1). A kept batch is gathered into the core's
@@ -29,6 +30,8 @@ activation write fills):
 - ``batch`` (B >= 1), ``layers``, ``inputs`` (K >= 1, layer 0's inputs), ``train_samples``,
   ``test_samples`` In, ``epoch_key`` In(ORDER_KEY_BITS): the registers, held by the shell while
   busy (read, not latched; the order generator samples the key and n at the epoch's start).
+- ``schedule_half`` In(1): the register; batch b's schedule word is (schedule_half * H + b)
+  mod S, H = ``spec.schedule_half_words(build)``.
 - ``sched_rd_addr`` Out(range(S)), ``sched_rd_data`` In(32): the schedule memory, one word per
   mini-batch, data the cycle after the address.
 - ``data_rd_addr`` Out (a word of ceil(data_bytes / 4)), ``data_rd_en`` Out(1),
@@ -187,6 +190,7 @@ class EpochSequencer(wiring.Component):
             "train_samples": In(range(build.data_samples + 1)),
             "test_samples": In(range(build.data_samples + 1)),
             "epoch_key": In(spec.ORDER_KEY_BITS),
+            "schedule_half": In(1),
             "sched_rd_addr": Out(range(build.data_samples)),
             "sched_rd_data": In(spec.BUS_DATA_BITS),
             "data_rd_addr": Out(range(self.data_words)),
@@ -234,7 +238,8 @@ class EpochSequencer(wiring.Component):
         # next test sample, and the batch in hand (its size, first sample and indices still
         # to take from the order or the test counter).
         self.samples_left = Signal(range(bld.data_samples + 1))
-        self.batch_index = Signal(range(bld.data_samples))
+        # the schedule word of the batch: (schedule_half * H + b) mod S for batch b
+        self.sched_word = Signal(range(bld.data_samples))
         self.test_next = Signal(range(bld.data_samples + 1))
         self.batch_first = Signal(range(bld.data_samples + 1))
         self.to_fetch = Signal(range(bld.max_batch + 1))
@@ -251,7 +256,7 @@ class EpochSequencer(wiring.Component):
         # predictions compared)
         self.in_run = Signal()
         self.evaluate_after = Signal()
-        m.d.comb += self.sched_rd_addr.eq(self.batch_index)
+        m.d.comb += self.sched_rd_addr.eq(self.sched_word)
 
         # The source of the batch's sample indices: the order in an epoch, the test split's
         # samples one after another in an evaluation.
@@ -497,7 +502,8 @@ class EpochSequencer(wiring.Component):
                                  order.samples.eq(self.train_samples)]
                     m.d.sync += [self.core_infer.eq(0), self.correct.eq(0),
                                  self.samples_left.eq(self.train_samples),
-                                 self.batch_index.eq(0),
+                                 self.sched_word.eq(Mux(self.schedule_half,
+                                                        spec.schedule_half_words(self.build), 0)),
                                  self.evaluate_after.eq(self.start_evaluate)]
                     m.next = "NEXT_BATCH"
                 with m.Elif(self.start_evaluate):
@@ -505,7 +511,7 @@ class EpochSequencer(wiring.Component):
                     m.next = "NEXT_TEST_BATCH"
 
             with m.State("NEXT_BATCH"):
-                # the schedule word of batch_index is read in this cycle
+                # the schedule word of the batch (sched_word) is read in this cycle
                 with m.If((self.samples_left == 0) | (self.batch == 0)):
                     m.next = "FINISH"
                 with m.Else():
@@ -514,7 +520,8 @@ class EpochSequencer(wiring.Component):
             with m.State("SCHEDULE"):
                 dropped, mask, seed = self._schedule_word()
                 self._take_batch(m, self.batch)
-                m.d.sync += [self.batch_index.eq(self.batch_index + 1),
+                last = self.sched_word == self.build.data_samples - 1
+                m.d.sync += [self.sched_word.eq(Mux(last, 0, self.sched_word + 1)),
                              self.next_mask.eq(mask), self.next_seed.eq(seed)]
                 with m.If(dropped):
                     m.next = "DROP"

@@ -287,6 +287,8 @@ class SampleWindow(MemoryWindow):
       section 11): write only (a read: ``bad_value``), ``out_of_range`` past
       ``Build.data_samples`` schedule words, ``ceil(Build.data_bytes / 4)`` data words and
       ``ceil(Build.data_samples / 2)`` label words. A schedule or data word is written in c;
+      a data word is ``busy`` while a command runs, a schedule word while ``sched_busy`` has
+      the bit of its half (offset >= ``spec.schedule_half_words``: half 1);
       a label word's two labels are checked against ``classes`` (either at or above it:
       ``bad_value``, neither written) and written in c and c + 1 (a second label past
       data_samples is dropped).
@@ -300,6 +302,8 @@ class SampleWindow(MemoryWindow):
       prog_rd_addr: Out; prog_rd_data: In -- a program word, the cycle after its address.
       (resident builds) sched_wr_*, data_wr_*, dlabel_wr_*: Out -- a schedule word, a data
                 word (four input bytes) or a data label write.
+      (resident builds) sched_busy: In(2) -- bit h: half h of the schedule is in use (an
+                EPOCH or EVALUATE that reads it runs).
     """
 
     def __init__(self, build):
@@ -331,7 +335,7 @@ class SampleWindow(MemoryWindow):
             samples = ceil_log2(build.data_samples)
             members.update({
                 "sched_wr_addr": Out(samples), "sched_wr_data": Out(spec.BUS_DATA_BITS),
-                "sched_wr_en": Out(1),
+                "sched_wr_en": Out(1), "sched_busy": In(2),
                 "data_wr_addr": Out(ceil_log2(data_words(build))),
                 "data_wr_data": Out(spec.BUS_DATA_BITS), "data_wr_en": Out(1),
                 "dlabel_wr_addr": Out(samples), "dlabel_wr_data": Out(spec.LABEL_BITS),
@@ -345,17 +349,19 @@ class SampleWindow(MemoryWindow):
             self._program(m, r)
         if "resident" in self.build.features:
             with m.Case(r.regions["schedule"]):
-                self._resident_words(m, r, self.build.data_samples, "sched")
+                half = r.offset >= spec.schedule_half_words(self.build)
+                self._resident_words(m, r, self.build.data_samples, "sched",
+                                     self.sched_busy.bit_select(half, 1))
             with m.Case(r.regions["data"]):
-                self._resident_words(m, r, data_words(self.build), "data")
+                self._resident_words(m, r, data_words(self.build), "data", self.busy)
             with m.Case(r.regions["data_labels"]):
                 self._data_labels(m, r)
 
-    def _resident_words(self, m, r, words, memory):
-        """A schedule or data word: write only, one write."""
+    def _resident_words(self, m, r, words, memory, busy):
+        """A schedule or data word: write only, one write; `busy` answers it busy."""
         with m.If(r.offset >= words):
             m.d.comb += r.err("out_of_range")
-        with m.Elif(self.busy):
+        with m.Elif(busy):
             m.d.comb += r.err("busy")
         with m.Elif(r.wr):
             m.d.comb += [getattr(self, f"{memory}_wr_addr").eq(r.offset),

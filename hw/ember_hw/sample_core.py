@@ -43,6 +43,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.hdl import ResetInserter
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
+from amaranth.utils import exact_log2
 
 from ember import dataflow, spec
 
@@ -299,9 +300,15 @@ class SampleCore(wiring.Component):
                      seq.batch.eq(st.batch), seq.layers.eq(st.layers), seq.inputs.eq(regs.inputs0),
                      seq.train_samples.eq(st.train_samples),
                      seq.test_samples.eq(st.test_samples), seq.epoch_key.eq(st.epoch_key),
+                     seq.schedule_half.eq(st.schedule_half),
                      seq.core_busy.eq(core.busy), seq.core_correct.eq(core.correct),
                      seq.pred_rd_data.eq(core.pred_rd_data),
                      regs.test_correct.eq(seq.test_correct)]
+        # the schedule halves the command may read (spec.schedule_halves_in_use): the host
+        # writes the other one while it runs
+        half_bits = exact_log2(spec.schedule_half_words(bld))
+        both = st.train_samples > (st.batch << half_bits)
+        m.d.comb += win.sched_busy.eq(Mux(seq.busy, Mux(both, 0b11, 1 << st.schedule_half), 0))
         # the gather writes up to GATHER_LANES lanes of an activation word a cycle
         # (into the bank the run does not read, also while the core runs: the core's own
         # writes stall it), and the run reads its input and labels from core_bank
