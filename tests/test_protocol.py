@@ -451,6 +451,7 @@ def test_a_posted_write_answer_is_kept_among_other_frames(fault):
     assert device.writes == 2 and device.memory[0x10] == 5 and device.memory[0x21] == 2
     assert (link.resent_frames, link.resent_answer_bytes) == (0, 0)
     assert (link.tx_bytes, link.rx_bytes) == (port.written, port.read_out)
+    assert link.kept_answer_bytes == len(slip_encode(seal(bytes([STATUS["ok"], posted.seq]))))
     with pytest.raises(RuntimeError):
         link.post_write(0x11, 1)
         link.post_write(0x12, 1)

@@ -333,18 +333,24 @@ def test_resident_epochs_on_the_simulated_board_equal_the_model(tmp_path, simula
     assert sim["counters"]["data_reads"] == 5 * sim["counters"]["samples"] > 0
 
 
+def _answers_into(out):
+    """A function that makes a link call and appends its answer to `out`: ("ok", its result)
+    or (the LinkError's status, None)."""
+    def answer(call):
+        try:
+            out.append(("ok", call()))
+        except LinkError as e:
+            out.append((e.status, None))
+    return answer
+
+
 def _hostile_resident_session(dev):
     """Resident-data frames a host should never send, each answered (status and, for reads
     and REJECTED, the words), on a configured device: the answers in order."""
     link, reg, region = dev.link, regmap.reg, regmap.region
     b = dev.build
     out = []
-
-    def answer(call):
-        try:
-            out.append(("ok", call()))
-        except LinkError as e:
-            out.append((e.status, None))
+    answer = _answers_into(out)
 
     def read(name):
         answer(lambda: link.read_words(reg(name), 1))
@@ -390,66 +396,74 @@ def test_the_simulated_board_refuses_hostile_resident_frames_as_the_model_does(s
         ["bad_value"]
 
 
-def _schedule_halves_session(dev):
-    """An EPOCH posted (Link.post_write) and frames sent while it runs: a schedule word in
-    the half it reads, in the other half and at the region's end, a data word, STATUS, then
-    an abort. At batch 2 the epoch's 1,023 batches fit half 0; at batch 1 its 2,046 span
-    both halves. Then two epochs, the second's schedule sent while the first runs. Returns
-    the answers in order and the weights."""
-    link, reg, region = dev.link, regmap.reg, regmap.region
+def _schedule_halves_setup(dev):
+    """64-32-10 with DATA_SAMPLES - 2 resident training samples on `dev`: (H, n)."""
     b, layers = dev.build, [64, 32, 10]
     H, n = spec.schedule_half_words(b), b.data_samples - 2
     rng = np.random.default_rng(12)
     dev.configure(layers)
     dev.load_weights(golden.init_weights(layers, 3))
     dev.load_data(rng.integers(0, 256, (n, 64)), rng.integers(0, 10, n))
+    return H, n
+
+
+def _frames_while_an_epoch_runs(dev, H):
+    """An EPOCH posted (Link.post_write) and frames sent while it runs: a schedule word in
+    the half it reads, in the other half and at the region's end, a data word, STATUS, then
+    an abort. At batch 2 the epoch's 1,023 batches fit half 0; at batch 1 its 2,046 span
+    both halves. The update mask is 0, so the weights stay as they were. The answers."""
+    link, reg, region = dev.link, regmap.reg, regmap.region
     out = []
-
-    def answer(call):
-        try:
-            out.append(("ok", call()))
-        except LinkError as e:
-            out.append((e.status, None))
-
+    answer = _answers_into(out)
     for batch in (2, 1):
         dev.prepare_epochs(batch)
         dev._write_runs(regmap.settings_writes(StepSettings(update_mask=(False, False)), 2)
                         + [(reg("epoch_key"), 9), (reg("schedule_half"), 0)])
         posted = link.post_write(reg("control"), spec.CONTROL_EPOCH)
-        for offset in (0, H, b.data_samples - 1):
+        for offset in (0, H, dev.build.data_samples - 1):
             answer(lambda offset=offset: link.write_words(region("schedule") + offset, [0]))
         answer(lambda: link.write_words(region("data"), [0]))
         answer(lambda: link.read_words(reg("status"), 1))
         answer(lambda: link.write_words(reg("control"), [spec.CONTROL_ABORT]))
-        try:                # the sim stops the epoch (aborted); the model's has run (ok)
+        with pytest.raises(LinkError) as stopped:
             link.await_write(posted)
-        except LinkError as e:
-            assert e.status == "aborted"
-    dev._schedules = [None, None]       # the words written above
+        assert stopped.value.status == "aborted"
+    dev._schedules = [None, None]       # (the words written above)
+    return out
+
+
+def _two_epochs(dev, n):
+    """Two epochs, the second's schedule sent while the first runs: the correct counts, the
+    weights and the link bytes sent while a command ran."""
     dev.prepare_epochs(64)
     first, second = (EpochSchedule(key, n, 64, StepSettings(update_mask=(True, True)),
                                    (False,) * 32, ((True, True),) * 32, tuple(range(s, s + 32)))
                      for key, s in ((3, 1), (4, 100)))
-    out.append(dev.train_epoch(first, next_schedule=second))
-    out.append(dev.train_epoch(second))
-    return out, dev.read_weights(), dev.overlapped_link_bytes
+    return ([dev.train_epoch(first, next_schedule=second), dev.train_epoch(second)],
+            dev.read_weights(), dev.overlapped_link_bytes)
 
 
 @pytest.mark.parametrize("simulator", ["verilator"])
 def test_the_next_schedule_goes_in_while_an_epoch_runs(simulator):
-    """While an EPOCH runs, the schedule half it reads answers writes `busy` (both halves when
-    its batches outnumber a half's words) and the other half takes them, on the simulated
-    board as in the model; an epoch whose schedule was sent during the one before trains as
-    the model's."""
+    """While an EPOCH runs on the simulated board, the schedule half it reads answers writes
+    `busy` (both halves when its batches outnumber a half's words) and the other half takes
+    them (spec.schedule_halves_in_use); an epoch whose schedule was sent during the one
+    before trains as the model backend's (which has no clock: its commands have ended before
+    the next frame, so it never answers busy)."""
     with open_device("sim", build=RESIDENT, simulator=simulator) as sim:
-        got, got_weights, got_overlapped = _schedule_halves_session(sim)
+        H, n = _schedule_halves_setup(sim)
+        answers = _frames_while_an_epoch_runs(sim, H)
+        got = _two_epochs(sim, n)
+    assert answers == [("busy", None), ("ok", None), ("ok", None), ("busy", None),
+                       ("ok", [1]), ("ok", None),
+                       ("busy", None), ("busy", None), ("busy", None), ("busy", None),
+                       ("ok", [1]), ("ok", None)]
+    assert spec.schedule_halves_in_use(RESIDENT, 2, n, 0) == {0}
+    assert spec.schedule_halves_in_use(RESIDENT, 1, n, 0) == {0, 1}
     with ModelDevice(RESIDENT) as model:
-        want, want_weights, want_overlapped = _schedule_halves_session(model)
-    assert got == want
-    assert want[:12] == [("busy", None), ("ok", None), ("ok", None), ("busy", None),
-                         ("ok", [1]), ("ok", None),
-                         ("busy", None), ("busy", None), ("busy", None), ("busy", None),
-                         ("ok", [1]), ("ok", None)]
-    for g, w in zip(got_weights, want_weights):
+        _schedule_halves_setup(model)
+        want = _two_epochs(model, n)
+    assert got[0] == want[0]
+    for g, w in zip(got[1], want[1]):
         np.testing.assert_array_equal(g, w)
-    assert got_overlapped == want_overlapped > 32 * 4
+    assert got[2] == want[2] > 32 * 4

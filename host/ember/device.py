@@ -487,7 +487,8 @@ class EngineDevice(Device):
     def _write_schedule(self, half, words, overlapped=False):
         """An epoch's schedule words into the schedule region from half `half` on (wrapping
         at its end), noting what each half then holds."""
-        link, before = self.link, self.link.tx_bytes + self.link.rx_bytes
+        link = self.link
+        before = link.tx_bytes + link.rx_bytes - link.kept_answer_bytes
         H = spec.schedule_half_words(self.build)
         spans = len(words) > H
         self._schedules[half] = None
@@ -497,7 +498,9 @@ class EngineDevice(Device):
             link.write_words(base, run)
         self._schedules[half] = words
         if overlapped:
-            self.overlapped_link_bytes += link.tx_bytes + link.rx_bytes - before
+            # (the command's own answer, if it came meanwhile, is not the schedule's)
+            self.overlapped_link_bytes += (link.tx_bytes + link.rx_bytes
+                                           - link.kept_answer_bytes - before)
 
     def evaluate_resident(self):
         """Infer the resident test split on the device, in batches of max_batch (as

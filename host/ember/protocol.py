@@ -453,6 +453,9 @@ class Link:
         # arrived while the host waited for another frame's, else None
         self._owed = {}
         self._owed_bytes = 0
+        #: bytes of answers to posted writes that arrived while the Link waited for another
+        #: frame's answer (counted in rx_bytes when they arrived)
+        self.kept_answer_bytes = 0
 
     @property
     def retransmissions(self):
@@ -625,6 +628,7 @@ class Link:
         size = len(slip_encode(payload))
         self._owed[response.seq] = (response, size)
         self._owed_bytes += size
+        self.kept_answer_bytes += size
         return True
 
     def _await_response(self, seq, expect_words):

@@ -57,10 +57,6 @@ class VirtualEngine:
         self.layer = [{f: s.init for f, s in self.fields.items()}
                       for _ in range(build.max_layers)]
         self.correct = 0
-        # the CONTROL word of the command whose answer is owed (0: none): it has run, and the
-        # link answers as the engine's does while a command runs until its answer is read
-        # (VirtualPort); `started` is the word of a command the last frame started
-        self.running = self.started = 0
         self.rejected = 0                   # REJECTED: 1 + the COMMAND_CHECKS index, or 0
         self.labels_written = 0             # bit w: label word w written at this class count
         self.link_rx = self.link_tx = 0
@@ -70,20 +66,6 @@ class VirtualEngine:
 
     # ---- bus
     def read(self, addr):
-        """A word, as the engine answers a read; while a command's answer is owed, a memory
-        in range answers `busy` (docs/protocol.md section 10)."""
-        try:
-            value = self._read(addr)
-        except BusError as e:
-            if not self.running or e.status == "out_of_range":
-                raise
-            value = None
-        if self.running and addr >> spec.REGION_BITS not in (_REGION["regs"],
-                                                             _REGION["counters"]):
-            raise BusError("busy")
-        return value
-
-    def _read(self, addr):
         region, off = addr >> spec.REGION_BITS, addr & ((1 << spec.REGION_BITS) - 1)
         P = self.build.lanes
         if region == _REGION["regs"] and off < _REGS_END:
@@ -93,7 +75,7 @@ class VirtualEngine:
                     # a command runs to its end before the next frame arrives (the model has
                     # no clock): never busy, never stopped (STOPPED 0), nothing for an abort
                     # or the watchdog to stop
-                    return {"status": int(bool(self.running)), "correct": self.correct, "rejected": self.rejected,
+                    return {"status": 0, "correct": self.correct, "rejected": self.rejected,
                             "stopped": 0, "test_correct": self.test_correct,
                             }.get(name, self.ro.get(name))
                 return 0 if mode == "wo" else self.regs[name]
@@ -137,8 +119,6 @@ class VirtualEngine:
     def write(self, addr, value):
         region, off = addr >> spec.REGION_BITS, addr & ((1 << spec.REGION_BITS) - 1)
         P = self.build.lanes
-        if self.running:
-            return self._write_while_running(addr, value)
         if region == _REGION["regs"] and off < _REGS_END:
             if off in self._by_offset:
                 name, mode = self._by_offset[off]
@@ -224,38 +204,6 @@ class VirtualEngine:
             return self._write_resident(region, off, value)
         raise BusError("out_of_range")
 
-    def _write_while_running(self, addr, value):
-        """A write while a command's answer is owed: CONTROL takes an abort (nothing is left
-        to stop) and refuses another command, a read-only register ignores it, and a word of
-        the schedule half the running EPOCH or EVALUATE does not read (spec.
-        schedule_halves_in_use) is written; everything else in range answers `busy`."""
-        region, off = addr >> spec.REGION_BITS, addr & ((1 << spec.REGION_BITS) - 1)
-        if region == _REGION["regs"] and off in self._by_offset:
-            mode = self._by_offset[off][1]
-            if mode == "wo":
-                return self._control(value)
-            if mode == "ro":
-                return
-        if region == _REGION["schedule"] and self.resident:
-            if off >= self.build.data_samples:
-                raise BusError("out_of_range")
-            resident = self.running & (spec.CONTROL_EPOCH | spec.CONTROL_EVALUATE)
-            in_use = spec.schedule_halves_in_use(
-                self.build, self.regs["batch"], self.regs["train_samples"],
-                self.regs["schedule_half"]) if resident else set()
-            if int(off >= spec.schedule_half_words(self.build)) not in in_use:
-                self.schedule[off] = value
-                return
-        elif region not in (_REGION["regs"], _REGION["counters"]):
-            try:
-                self._read(addr)                # out of range is answered before busy
-            except BusError as e:
-                if e.status == "out_of_range":
-                    raise
-        elif region == _REGION["counters"] or off >= _REGS_END:
-            raise BusError("out_of_range")
-        raise BusError("busy")
-
     # ---- resident data
     def _resident_regions(self):
         """The resident data regions of this build: region number -> words (none without
@@ -322,18 +270,10 @@ class VirtualEngine:
     def _control(self, value):
         if value & spec.CONTROL_ABORT:
             return                              # no command is running: nothing to stop
-        if self.running:
-            raise BusError("busy")              # while an answer is owed, no command starts
-        if self._command(value):
-            self.started = value
-
-    def _command(self, value):
-        """Run the command `value` asks for, checked first; True if one ran."""
         resident = value & (spec.CONTROL_EPOCH | spec.CONTROL_EVALUATE)
         # without TRAIN and INFER; a build without the unit ignores the bits (as unknown bits)
         if resident and self.resident and not value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER):
-            self._resident_command(value)
-            return True
+            return self._resident_command(value)
         command = value & (spec.CONTROL_TRAIN | spec.CONTROL_INFER)
         train = bool(value & spec.CONTROL_TRAIN)
         if command:
@@ -345,8 +285,7 @@ class VirtualEngine:
         elif value & spec.CONTROL_CLEAR_COUNTERS:
             self._verdict(None, value)
         if command and self.v2:
-            self._run_program(bool(value & spec.CONTROL_TRAIN))
-            return True
+            return self._run_program(bool(value & spec.CONTROL_TRAIN))
         if command:
             layers, desc = self._network()
             P = self.build.lanes
@@ -372,7 +311,6 @@ class VirtualEngine:
                         lanes.reshape(blocks, P, k).transpose(0, 2, 1).reshape(-1, P)
             else:
                 self.predictions[:batch] = self.model.infer(x)
-        return bool(command)
 
     def _program_fault(self, train, batch):
         """Engine v2: "program" unless the program memory holds, at the command's first word
@@ -522,7 +460,6 @@ class VirtualPort:
         self.engine = engine
         self._receiver = protocol.FrameReceiver()
         self._out = bytearray()
-        self._owed = None
         self.timeout = 0
         # the rate the engine's build says its board top runs at (a Link sizes its timeout
         # from it); nothing here is timed by it
@@ -540,12 +477,6 @@ class VirtualPort:
             for frame in self._receiver.feed(chunk):
                 response = protocol.slip_encode(
                     self.engine.handle_frame(frame.payload, frame.bad_escape))
-                if self.engine.started:
-                    # a command's answer is owed until the host waits for it: frames sent
-                    # meanwhile are answered as while the engine runs it
-                    self.engine.running, self.engine.started = self.engine.started, 0
-                    self._owed = response
-                    continue
                 self.engine.link_tx += len(response)
                 self._out += response
             start = stop
@@ -556,11 +487,6 @@ class VirtualPort:
         return len(self._out)
 
     def read(self, n=1):
-        if not self._out and self._owed is not None:
-            # the host waits with nothing else to read: the command ends, its answer goes out
-            self.engine.link_tx += len(self._owed)
-            self._out += self._owed
-            self._owed, self.engine.running = None, 0
         out = bytes(self._out[:n])
         del self._out[:n]
         return out
