@@ -76,6 +76,7 @@ class FakePort:
       "corrupt"         one byte of the response frame is flipped
       "corrupt_request" one byte of the request is flipped before the device sees it
       "late"            the response arrives only after the next request is written
+      "trailing"        the response arrives right after the next request's, in one read
       "noise"           line noise (then the real response) arrives
     ``read`` returns at once with what is buffered (nothing = a timeout); ``polls`` counts
     the calls, the clock make_link's Link measures its timeouts on.
@@ -92,11 +93,13 @@ class FakePort:
         self._decoder = SlipDecoder()
         self._inbox = bytearray()
         self._late = b""
+        self._trailing = b""
 
     def write(self, data):
         self.written += len(data)
         self._inbox += self._late
         self._late = b""
+        trailing, self._trailing = self._trailing, b""
         for payload in self._decoder.feed(data):
             fault = self.faults.get(self.requests)
             self.requests += 1
@@ -110,9 +113,13 @@ class FakePort:
             if fault == "late":
                 self._late = response
                 continue
+            if fault == "trailing":
+                self._trailing = response
+                continue
             if fault == "noise":
                 response = bytes([0x13, 0x37, ESC, 0x00]) + response
             self._inbox += response
+        self._inbox += trailing
 
     def _flip(self, data, skip_ends=False):
         data = bytearray(data)
@@ -437,11 +444,12 @@ def test_register_map_export_is_current():
 
 
 # --- Posted writes (a command's answer owed while other frames go) ----------------------------
-@pytest.mark.parametrize("fault", [None, "late"])
+@pytest.mark.parametrize("fault", [None, "late", "trailing"])
 def test_a_posted_write_answer_is_kept_among_other_frames(fault):
     """The answer to a posted write that arrives while the Link waits for another frame's
-    (in the input it drops before sending, or among the answers it reads) is kept for
-    await_write: nothing is sent again and no byte counts as a resent answer."""
+    (in the input it drops before sending, or among the answers it reads, before or after
+    the one it waits for) is kept for await_write: nothing is sent again and no byte counts
+    as a resent answer."""
     link, port, device = make_link(faults={1: fault})   # request 0 is the sync read
     posted = link.post_write(0x10, 5)
     link.write_words(0x20, [1, 2])

@@ -283,7 +283,9 @@ class EngineDevice(Device):
         is left idle and, if the command had not yet written a weight, untouched.
         `meanwhile` (a build with the `abort` unit, whose link answers while a command runs):
         called after the command's write is sent and before its answer is awaited, to send
-        frames the device takes while it runs."""
+        frames the device takes while it runs (each with the link's own timeout). If it
+        raises, the command is aborted first when that was a Ctrl-C, its answer awaited, and
+        the exception goes on."""
         timeout = self.link.timeout
         self.link.timeout = max(timeout, self.command_timeout)
         name = next(n for bit, n in ((spec.CONTROL_TRAIN, "train"), (spec.CONTROL_INFER, "infer"),
@@ -294,10 +296,14 @@ class EngineDevice(Device):
                 self.link.write_words(regmap.reg("control"), [control])
             else:
                 posted = self.link.post_write(regmap.reg("control"), control)
+                self.link.timeout = timeout
                 try:
                     meanwhile()
-                finally:
-                    self.link.await_write(posted)
+                except BaseException as e:
+                    self._settle(posted, timeout, abort=isinstance(e, KeyboardInterrupt))
+                    raise
+                self.link.timeout = max(timeout, self.command_timeout)
+                self.link.await_write(posted)
         except KeyboardInterrupt:
             if "abort" in self.build.features:
                 self.abort()
@@ -320,6 +326,17 @@ class EngineDevice(Device):
                               "changed on it") from e
         finally:
             self.link.timeout = timeout
+
+    def _settle(self, posted, timeout, abort):
+        """After a failure while the posted command ran: abort it if `abort` (and the build
+        can), then take its answer, whatever it is, so that no answer stays owed."""
+        try:
+            if abort and "abort" in self.build.features:
+                self.link.write_words(regmap.reg("control"), [spec.CONTROL_ABORT])
+            self.link.timeout = max(timeout, self.command_timeout)
+            self.link.await_write(posted)
+        except LinkError:
+            pass
 
     def abort(self):
         """Stop the command the device is running, if any, and return once it has ended. The
@@ -475,14 +492,32 @@ class EngineDevice(Device):
         if self._schedules[half] != words:
             self._write_schedule(half, words)
         ahead = None if next_schedule is None else next_schedule.words()
-        H = spec.schedule_half_words(self.build)
-        if (ahead is None or ahead in self._schedules or "abort" not in self.build.features
-                or max(len(words), len(ahead)) > H):
+        if (ahead is None or ahead in self._schedules or not self._sends_ahead(len(words))
+                or not self._sends_ahead(len(ahead))):
             self._run(spec.CONTROL_EPOCH)
         else:
             self._run(spec.CONTROL_EPOCH, meanwhile=lambda: self._write_schedule(
                 1 - half, ahead, overlapped=True))
         return self.link.read_words(regmap.reg("correct"), 1)[0]
+
+    def _sends_ahead(self, batches):
+        """Whether an epoch of `batches` batches can run while the next one's schedule goes in
+        (train_epoch's next_schedule): the link answers while a command runs (the `abort`
+        unit) and the schedule fits either half."""
+        H = spec.schedule_half_words(self.build)
+        return ("abort" in self.build.features and batches <= H
+                and H + batches <= self.build.data_samples)
+
+    def preload_schedule(self, schedule, half):
+        """Write `schedule`'s words into schedule half `half` now, where train_epoch would have
+        sent them during the epoch before (a resumed run: the run it resumes sent its next
+        epoch's there, into half epoch % 2), so that train_epoch(schedule) does not send them
+        and the epoch's link bytes are the straight run's. Returns False, writing nothing,
+        where train_epoch sends no schedule ahead."""
+        if not self._sends_ahead(len(schedule.words())):
+            return False
+        self._write_schedule(half, schedule.words())
+        return True
 
     def _write_schedule(self, half, words, overlapped=False):
         """An epoch's schedule words into the schedule region from half `half` on (wrapping

@@ -493,7 +493,10 @@ class Link:
         if not self._device_synced:
             self._transact("read", addr, 1, None, what, any_status=True)
         seq, frame = self._next_frame("write", addr, 1, [int(word)])
+        received_before = self.rx_bytes
         self._send(frame)
+        # what waited in the port (a late answer, noise) is beyond one answer per frame
+        self.resent_answer_bytes += self.rx_bytes - received_before
         self._owed[seq] = None
         return PostedWrite(seq, frame, what)
 
@@ -536,7 +539,8 @@ class Link:
 
     def _send(self, frame):
         self._drop_input()
-        self._decoder.reset()
+        if not self._owed:
+            self._decoder.reset()       # (while an answer is owed, it may be half received)
         self.port.write(frame)
         self.tx_bytes += len(frame)
 
@@ -603,17 +607,18 @@ class Link:
     def _drop_input(self):
         """Discard what waits in the port (a late answer, noise), counting it in rx_bytes."""
         waiting = getattr(self.port, "in_waiting", 0)
-        decoder = SlipDecoder()
         while waiting:
             dropped = self.port.read(waiting)
             if not dropped:
                 break
             self.rx_bytes += len(dropped)
             if self._owed:
-                for payload in decoder.feed(dropped):
+                for payload in self._decoder.feed(dropped):
                     self._keep_if_owed(payload)
             waiting = getattr(self.port, "in_waiting", 0)
-        self.port.reset_input_buffer()
+        if not self._owed:
+            # (while an answer is owed, bytes arriving now may be it: they stay to be read)
+            self.port.reset_input_buffer()
 
     def _keep_if_owed(self, payload, response=None):
         """Keep the answer to a posted frame that arrived while the host waited for another;
@@ -647,16 +652,24 @@ class Link:
             if waiting:
                 chunk += self.port.read(waiting)
             self.rx_bytes += len(chunk)
+            result = None
             for payload in self._decoder.feed(chunk):
+                if result is not None:
+                    # after this frame's answer: a posted frame's, if it came in the same read
+                    self._keep_if_owed(payload)
+                    continue
                 try:
                     response = decode_response(payload)
                 except FrameError as error:
-                    return None, f"garbled response ({error})"
+                    result = None, f"garbled response ({error})"
+                    continue
                 if response.seq != seq:
                     self._keep_if_owed(payload, response)
-                    continue
-                if response.status == "ok" and len(response.words) != expect_words:
-                    return None, (f"ok response with {len(response.words)} words; "
-                                  f"expected {expect_words}")
-                return response, None
+                elif response.status == "ok" and len(response.words) != expect_words:
+                    result = None, (f"ok response with {len(response.words)} words; "
+                                    f"expected {expect_words}")
+                else:
+                    result = response, None
+            if result is not None:
+                return result
         return None, f"no response within {self.timeout:.3g} s"

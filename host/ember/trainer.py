@@ -376,7 +376,6 @@ class Trainer:
                               f"device; the checkpoint recorded "
                               f"{ckpt['history'][-1]['test_accuracy']}")
         self._upload()
-        _clear_counters_as(dev, ckpt["link_seq"])
         state = _RunState(shuffle=rng(cfg.seed, STREAM_SHUFFLE), smd=rng(cfg.seed, STREAM_SMD),
                           lfsr=rng(cfg.seed, STREAM_LFSR),
                           slu=LayerMaskPolicy(cfg, len(self.layers) - 1),
@@ -388,6 +387,12 @@ class Trainer:
         for name in ("shuffle", "smd", "lfsr"):
             getattr(state, name).bit_generator.state = ckpt["rng"][name]
         state.slu.restore(ckpt["rng"]["slu"])
+        if self.resident[0] and 0 < state.epoch < cfg.epochs:
+            # the run resumed sent this epoch's schedule while its last epoch ran: here, with
+            # the upload (its link bytes not counted), into the half it went to there
+            dev.preload_schedule(self._draw_ahead(state, state.epoch - 1, len(self.ds.x_train)),
+                                 state.epoch % 2)
+        _clear_counters_as(dev, ckpt["link_seq"])
         return state
 
     def _upload(self):
