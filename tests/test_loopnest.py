@@ -65,13 +65,33 @@ def faulty_nest(rng, gens):
         return nest, limits
 
 
-def configure(ctx, dut, nest, limits):
-    packed = nest.pack(dut.generators, dut.levels)
-    ctx.set(dut.bound, packed.bound)
+def set_ports(ctx, dut, nest, limits):
+    """The configuration that is ports: the bounds and the limits."""
+    ctx.set(dut.bound, nest.pack(dut.generators, dut.levels).bound)
     for g in dut.generators:
-        ctx.set(dut.base(g), packed.bases[g])
-        ctx.set(dut.delta(g), packed.deltas[g])
         ctx.set(dut.limit(g), limits[g])
+
+
+async def configure(ctx, dut, nest, limits):
+    """Write the nest's bases and deltas into the step memories (a word a cycle, the bases
+    first: the last word written is a delta, one cycle before start, as the engine's phase
+    load does) and set the ports."""
+    packed = nest.pack(dut.generators, dut.levels)
+    set_ports(ctx, dut, nest, limits)
+    words = []
+    for index, (g, bits) in enumerate(dut.generators.items()):
+        words.append((index, dut.BASE_SLOT, packed.bases[g]))
+    for index, (g, bits) in enumerate(dut.generators.items()):
+        w = program.delta_bits(bits)
+        words += [(index, i, packed.deltas[g] >> (i * w) & ((1 << w) - 1))
+                  for i in range(dut.levels)]
+    for index, slot, value in words:
+        ctx.set(dut.cfg_en, 1)
+        ctx.set(dut.cfg_gen, index)
+        ctx.set(dut.cfg_slot, slot)
+        ctx.set(dut.cfg_data, value)
+        await ctx.tick()
+    ctx.set(dut.cfg_en, 0)
 
 
 async def walk(ctx, dut, nest, limits, rng=None, stall=0.0, restart_at=None):
@@ -80,7 +100,7 @@ async def walk(ctx, dut, nest, limits, rng=None, stall=0.0, restart_at=None):
     ignore it). Returns the steps taken (addresses, first, last), the cycle (from the start
     cycle, 0) of each, the cycles with done high, and the fault ports at done. Asserts on the
     way: no address out of its memory is ever valid, busy holds until done."""
-    configure(ctx, dut, nest, limits)
+    await configure(ctx, dut, nest, limits)
     ctx.set(dut.start, 1)
     await ctx.tick()
     ctx.set(dut.start, 0)
@@ -175,7 +195,7 @@ def test_outputs_come_from_registers():
     changed, valid = [], []
 
     async def bench(ctx):
-        configure(ctx, dut, nest, limits)
+        await configure(ctx, dut, nest, limits)
         ctx.set(dut.start, 1)
         await ctx.tick()
         ctx.set(dut.start, 0)
@@ -184,11 +204,11 @@ def test_outputs_come_from_registers():
             before = [ctx.get(getattr(dut, o)) for o in outputs]
             ctx.set(dut.advance, 1)
             ctx.set(dut.limit("a"), 0)
-            ctx.set(dut.base("b"), 0)
+            ctx.set(dut.cfg_data, 0)
             after = [ctx.get(getattr(dut, o)) for o in outputs]
             changed.append(before != after)
             valid.append(before[0])
-            configure(ctx, dut, nest, limits)
+            set_ports(ctx, dut, nest, limits)
             ctx.set(dut.advance, int(rng.random() < 0.6))
             await ctx.tick()
 
@@ -330,14 +350,24 @@ def test_five_levels_walk_a_3x3_convolution():
 
 
 def test_converts_to_verilog():
-    """A typical configuration (3 generators of 12 to 15 bits, D = 4) converts to Verilog
-    with its named ports."""
+    """A typical configuration (3 generators of 12 to 15 bits) converts to Verilog with its
+    named ports (the step-memory port as wide as the widest generator's delta)."""
     gens = {"weights": 15, "acts": 14, "grads": 12}
     dut = LoopNest(gens)
     text = verilog.convert(dut, name="loopnest")
     assert "module loopnest" in text
     for g, bits in gens.items():
         assert f"output [{bits - 1}:0] addr_{g}" in text
-        assert f"input [{LEVELS * program.delta_bits(bits) - 1}:0] delta_{g}" in text
+        assert f"input [{bits}:0] limit_{g}" in text
+    assert f"input [{program.delta_bits(15) - 1}:0] cfg_data" in text
     assert f"input [{LEVELS * program.BOUND_BITS - 1}:0] bound" in text
     assert "output [1:0] fault_gen" in text
+
+
+@pytest.mark.parametrize("block_ram", [False, True])
+def test_step_memories_ask_for_block_ram_only_when_told(block_ram):
+    """block_ram (the iCE40 builds: no distributed RAM there) marks each generator's step
+    memory ram_style "block" for Yosys; without it synthesis chooses (distributed RAM on an
+    ECP5)."""
+    text = verilog.convert(LoopNest(TWO, block_ram=block_ram), name="loopnest")
+    assert text.count('ram_style = "block"') == (len(TWO) if block_ram else 0)

@@ -6,16 +6,22 @@ Golden twin: ``ember.program.Nest.walk`` -- the same steps (each generator's add
 levels' first and last flags) in the same order, and ``Nest.first_fault`` for where a walk that
 leaves a memory stops. ``Nest.pack`` gives the configuration ports' values.
 
-`LoopNest(generators, levels=program.LEVELS, bound_bits=program.BOUND_BITS)`; generators:
-dict name -> address width (the memory's). Level i of a vector is at bits [i*w, (i+1)*w).
+`LoopNest(generators, levels=program.LEVELS, bound_bits=program.BOUND_BITS,
+block_ram=False)`; generators: dict name -> address width (the memory's); block_ram: keep the
+step memories in block RAM (for the iCE40, which has no distributed RAM; elsewhere synthesis
+chooses, on the ECP5 distributed RAM). Level i of a vector is at bits [i*w, (i+1)*w).
 
-Ports (sync domain; every configuration port -- bound, base_*, delta_*, limit_* -- must hold
-still from `start` until `done`):
-  bound:       In(levels * bound_bits) -- each level's bound n_i, level 0 outermost.
-  base_<g>:    In(addr_bits) -- generator g's address at step 0.
-  delta_<g>:   In(levels * (addr_bits + 1)) -- each level's signed delta (Nest.deltas).
+Ports (sync domain):
+  bound:       In(levels * bound_bits) -- each level's bound n_i, level 0 outermost; holds
+               still from `start` until `done`.
+  cfg_en, cfg_gen, cfg_slot, cfg_data: In -- write one word of generator `cfg_gen`'s (its
+               index in `generators`) step memory: slot i < levels holds level i's signed
+               delta (program.delta_bits(addr_bits) bits, Nest.deltas), slot `levels`
+               (BASE_SLOT) its base, the address at step 0 (addr_bits bits: the bits above are
+               ignored). Write while idle only, and a base at least two cycles before the
+               `start` that uses it (the memory's read of it is registered).
   limit_<g>:   In(addr_bits + 1) -- g's memory depth: a presented address is below it (and
-               below 2**addr_bits).
+               below 2**addr_bits). Holds still from `start` until `done`.
   addr_<g>:    Out(addr_bits) -- g's address of the presented step.
   start:       In(1) -- begin a walk; ignored while busy.
   advance:     In(1) -- the consumer takes the presented step this cycle (meaningful while
@@ -47,21 +53,27 @@ flags, the levels' down-counters (level i counts n_i - 1 .. 0; its last flag is 
 counter's == 0, kept as a register) and `next_level`, the level that advances from it to the
 step after (the innermost whose last flag is low; registered). When the presented stage takes
 the next step (or fills, after start), the next stage forms the one after: per generator one
-adder, next_addr + the delta of next_level through a D-way multiplexer, formed 2 bits wider
-than the address so a step below 0 or past 2**addr_bits is seen, and one comparator on that
-sum into in_range; the counters decrement or reload (one decrementer each). So the range
-check is ready, in a register, when its step is taken, and the longest path is the delta
-multiplexer, the adder and the comparator, register to register. No multipliers.
+adder, next_addr + the delta of next_level, formed 2 bits wider than the address so a step
+below 0 or past 2**addr_bits is seen, and one comparator on that sum into in_range; the
+counters decrement or reload (one decrementer each). So the range check is ready, in a
+register, when its step is taken, and the longest path is the step memory's read, the adder
+and the comparator. No multipliers.
 
+The deltas and bases are not registers: each generator keeps them in a step memory of
+levels + 1 words (with block_ram, Yosys's `ram_style` "block"), read every cycle at the
+slot the next stage needs in the cycle after. While the nest runs on, that is the level that
+advances from the next step (`new_level` as the next stage moves, else `next_level`), so the
+word read is the delta next_addr needs, with no multiplexer over the levels; otherwise it is
+BASE_SLOT, so the cycle that accepts a start reads the base, and step 0 is the base plus 0
+through the same adder. A program's phase keeps its configuration in the memory it is
+already in, where registers would cost a logic cell per bit on the UP5K (docs/boards.md).
 The next stage's registers are reset-less: start loads each before it is read.
 
-Resources (synth_ice40, 3 generators of 15 bits, D = 4): 492 SB_LUT4, 153 SB_CARRY, 183
-flip-flops (the three delta multiplexers are about 150 of the LUTs). Placed and routed alone
-on an iCE40UP5K (its configuration from registers): 36 to 37 MHz, that path critical.
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ember import program
@@ -75,17 +87,23 @@ class LoopNest(wiring.Component):
     """A loop nest of `levels` down-counters and one address generator per entry of
     `generators` (name -> address width); see the module docstring for ports and timing."""
 
-    def __init__(self, generators, levels=program.LEVELS, bound_bits=program.BOUND_BITS):
+    def __init__(self, generators, levels=program.LEVELS, bound_bits=program.BOUND_BITS,
+                 block_ram=False):
         self.generators = dict(generators)
+        self.block_ram = block_ram
         self.levels, self.bound_bits = levels, bound_bits
         if not self.generators:
             raise ValueError("a loop nest needs at least one generator")
-        members = {"bound": In(levels * bound_bits)}
+        #: the step memories' slot of the base (slots 0 .. levels - 1: the levels' deltas)
+        self.BASE_SLOT = levels
+        members = {"bound": In(levels * bound_bits),
+                   "cfg_en": In(1),
+                   "cfg_gen": In(range(len(self.generators))),
+                   "cfg_slot": In(range(levels + 1)),
+                   "cfg_data": In(max(program.delta_bits(b) for b in self.generators.values()))}
         for g, bits in self.generators.items():
             if not g.isidentifier():
                 raise ValueError(f"generator name {g!r} is not an identifier")
-            members[f"base_{g}"] = In(bits)
-            members[f"delta_{g}"] = In(levels * program.delta_bits(bits))
             members[f"limit_{g}"] = In(bits + 1)
             members[f"addr_{g}"] = Out(bits)
         members.update({
@@ -106,33 +124,13 @@ class LoopNest(wiring.Component):
         """Generator `name`'s presented address (Out)."""
         return getattr(self, f"addr_{name}")
 
-    def base(self, name):
-        """Generator `name`'s base (In)."""
-        return getattr(self, f"base_{name}")
-
     def limit(self, name):
         """Generator `name`'s memory depth (In)."""
         return getattr(self, f"limit_{name}")
 
-    def delta(self, name, level=None):
-        """Generator `name`'s delta port, or its slice for `level` (signed)."""
-        port = getattr(self, f"delta_{name}")
-        if level is None:
-            return port
-        return port.word_select(level, program.delta_bits(self.generators[name])).as_signed()
-
     def level_bound(self, level):
         """Level `level`'s slice of the bound port."""
         return self.bound.word_select(level, self.bound_bits)
-
-    def _select(self, name, level):
-        """Generator `name`'s delta of `level` (a signal): a multiplexer tree over the
-        levels, one select bit per stage."""
-        words = [self.delta(name, i) for i in range(self.levels)]
-        for bit in range(len(level)):
-            words = [Mux(level[bit], words[j + 1], words[j]) if j + 1 < len(words)
-                     else words[j] for j in range(0, len(words), 2)]
-        return words[0]
 
     def elaborate(self, platform):
         m = Module()
@@ -191,17 +189,36 @@ class LoopNest(wiring.Component):
         for i in range(D):
             with m.If(~new_last[i]):
                 m.d.comb += new_level.eq(i)
+
+        # the step memories, read at the slot the next stage needs next cycle: next_level's
+        # delta while the walk goes on, the base otherwise (the cycle that accepts a start)
+        runs_on = Signal()
+        m.d.comb += runs_on.eq(load | (self.busy & ~(move & bad) & ~(take & final)))
+        slot = Signal(range(D + 1))
+        m.d.comb += slot.eq(Mux(runs_on, Mux(load | move, new_level, next_level),
+                                self.BASE_SLOT))
+        word = {}
+        for index, (g, a) in enumerate(self.generators.items()):
+            bits = program.delta_bits(a)
+            m.submodules[f"steps_{g}"] = mem = Memory(
+                shape=unsigned(bits), depth=D + 1, init=[],
+                attrs={"ram_style": "block"} if self.block_ram else None)
+            wr, rd = mem.write_port(), mem.read_port(transparent_for=())
+            base = self.cfg_slot == self.BASE_SLOT
+            m.d.comb += [wr.addr.eq(self.cfg_slot), wr.en.eq(self.cfg_en & (self.cfg_gen == index)),
+                         wr.data.eq(Mux(base, self.cfg_data[:a], self.cfg_data[:bits])),
+                         rd.addr.eq(slot)]
+            word[g] = rd.data.as_signed()
         with m.If(load | move):
             m.d.sync += [next_first.eq(new_first), next_last.eq(new_last),
                          next_level.eq(new_level)]
             for g, a in self.generators.items():
                 # one adder and one comparator: an address in range plus a signed delta is
                 # seen below 0 or past 2**a in its two extra bits. Start's base enters
-                # through the adder's operands (with delta 0), so no multiplexer sits
-                # between the adder and the comparator
+                # through the adder (0 + the base word), so no multiplexer sits between the
+                # adder and the comparator
                 new_addr = Signal(signed(a + NEXT_ADDR_EXTRA_BITS), name=f"new_addr_{g}")
-                m.d.comb += new_addr.eq(Mux(load, self.base(g), next_addr[g])
-                                        + Mux(load, 0, self._select(g, next_level)))
+                m.d.comb += new_addr.eq(Mux(load, 0, next_addr[g]) + word[g])
                 m.d.sync += [next_addr[g].eq(new_addr[:a]),
                              in_range[g].eq((new_addr[a:] == 0)
                                             & (new_addr[:a] < self.limit(g)))]

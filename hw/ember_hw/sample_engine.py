@@ -55,7 +55,8 @@ when v2 replaces v1, the memory window and register bank) drives the ports below
                 alone): name -> Signal, the events and the busy cycles per phase kind of the
                 last run (32-bit, cleared at start, one cycle behind ``inc``).
 
-A phase's program words are loaded into registers (ember.dataflow.PHASE_WORDS cycles), its
+A phase's program words are loaded (ember.dataflow.PHASE_WORDS cycles: the header and bounds
+into registers, each generator's base and deltas into the loop nest's step memories), its
 loop nest walked, and the pipeline drained before the next phase starts (the next phase
 reads what this one wrote). A backward phase whose layer the SLU mask leaves out is skipped
 after its header. The kept channel level's bound is the kept count of the layer's select
@@ -354,9 +355,6 @@ class SampleEngine(wiring.Component):
         s.header = {"kind": s.kind, "shift": s.shift, "layer": s.layer, "outputs": s.N,
                     "inputs": s.K}
         s.bounds = [Signal(dataflow.BOUND_BITS, name=f"bound{i}") for i in range(LEVELS)]
-        s.bases = {g: Signal(self.gen_bits[g], name=f"base_{g}") for g in s.gens}
-        s.deltas = {g: [Signal(self.gen_bits[g] + 1, name=f"delta_{g}{i}")
-                        for i in range(LEVELS)] for g in s.gens}
         # the kind decoded as it is loaded (one register per kind, loaded with s.kind by
         # s.load_kind), not from s.kind: every phase's control starts from these flags
         kinds = dataflow.KINDS
@@ -369,7 +367,10 @@ class SampleEngine(wiring.Component):
 
         # the nest; its bounds with the run-time ones: the kept count and PSG's passes
         s.abort = Signal()
-        m.submodules.nest = s.nest = nest = ResetInserter(s.abort)(LoopNest(self.gen_bits, levels=LEVELS))
+        # the nest's step memories in block RAM on an iCE40 (a weight_spram build: the iCE40
+        # UltraPlus), which has no distributed RAM
+        nest = LoopNest(self.gen_bits, levels=LEVELS, block_ram=bld.weight_spram)
+        m.submodules.nest = s.nest = nest = ResetInserter(s.abort)(nest)
         s.kept_count = Signal(range(bld.max_width + 1))
         s.passes = Signal(range(3))
         m.d.comb += s.passes.eq(Mux(s.is_["weight_grad"] & self.psg, 2, 1))
@@ -386,9 +387,7 @@ class SampleEngine(wiring.Component):
         m.d.comb += [nest.bound.eq(Cat(*eff)), s.nest_done.eq(nest.done)]
         limits = {g: self._limit(s, g) for g in s.gens}
         for g in s.gens:
-            m.d.comb += [getattr(nest, f"base_{g}").eq(s.bases[g]),
-                         getattr(nest, f"delta_{g}").eq(Cat(*s.deltas[g])),
-                         getattr(nest, f"limit_{g}").eq(limits[g])]
+            m.d.comb += getattr(nest, f"limit_{g}").eq(limits[g])
         s.addr = {g: getattr(nest, f"addr_{g}") for g in s.gens}
         s.first, s.last = nest.first, nest.last
         # the step is taken this cycle unless a phase holds it (stall)
@@ -1159,11 +1158,15 @@ class SampleEngine(wiring.Component):
         trained = Signal()                  # the program ran a loss phase: a training step
         # while idle the bus reads the program (the memory window's program region)
         m.d.comb += s.prog_rd.addr.eq(Mux(s.busy, s.pc + ld, self.prog_rd_addr))
-        # the phase's program words into its registers: word i arrives when ld = i + 1
+        # the phase's program words into its registers (the header and bounds) and the loop
+        # nest's step memories (each generator's base and deltas): word i arrives when
+        # ld = i + 1
         targets = [None] * (dataflow.HEADER_WORDS + dataflow.BOUND_WORDS)
         for g in s.gens:
-            targets += [s.bases[g]] + s.deltas[g]
+            index = list(s.nest.generators).index(g)
+            targets += [(index, s.nest.BASE_SLOT)] + [(index, i) for i in range(LEVELS)]
         word = s.prog_rd.data
+        m.d.comb += s.nest.cfg_data.eq(word)
         layer_bit = (self.update_mask >> s.layer)[0]
         below = (self.update_mask & ((Const(1, bld.max_layers + 1) << s.layer) - 1)) != 0
         wgrad, igrad = layer_bit, (s.layer != 0) & below
@@ -1205,10 +1208,12 @@ class SampleEngine(wiring.Component):
                             m.d.sync += s.bounds[2 * i].eq(word[:dataflow.BOUND_BITS])
                             if 2 * i + 1 < LEVELS:
                                 m.d.sync += s.bounds[2 * i + 1].eq(word[dataflow.BOUND_BITS:])
-                    for i, reg in enumerate(targets):
-                        if reg is not None:
+                    for i, target in enumerate(targets):
+                        if target is not None:
                             with m.Case(i + 1):
-                                m.d.sync += reg.eq(word)
+                                m.d.comb += [s.nest.cfg_en.eq(1),
+                                             s.nest.cfg_gen.eq(target[0]),
+                                             s.nest.cfg_slot.eq(target[1])]
                 with m.If(ld == dataflow.HEADER_WORDS + 1):
                     # the header is in: the end, a kind this core refuses, a layer to skip
                     with m.If(s.is_["end"]):
