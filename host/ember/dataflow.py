@@ -296,41 +296,71 @@ def book_multiplier_bits(build):
 PHASE_OVERHEAD = PHASE_WORDS + 1 + 2 + 1 + 1
 #: A phase the SLU mask leaves out, and the end phase: its header words, then NEXT (FINISH).
 HEADER_ONLY_CYCLES = HEADER_WORDS + 2
-#: Registers between the weight memory's read data and the lanes' operands in the forward
-#: and input-gradient phases (ember_hw.sample_engine): the one weight read per step goes to
-#: all P lanes, across the chip on a 32-lane ECP5 build, in a cycle of its own.
-WEIGHT_BROADCAST_STAGES = 1
-#: Registers between the lanes' zero gates (formed from the activation memory's read data)
-#: and the weight memory's read enable ("read W[j, k] unless every lane is gated") in the
-#: forward and input-gradient phases: on the 32-lane ECP5 build the OR of every lane's gate
-#: into the enable, in the read data's own cycle, was the critical path (docs/boards.md,
-#: session 12). The input gradient's kept-channel addresses are registered with them.
-GATE_STAGES = 1
-#: Registers in front of the activation and gradient memories' writes (ember_hw.lanemem,
-#: write_stages): each write goes to all P lanes' block RAMs, and on the 32-lane ECP5 build
-#: that net, straight from the multiplexer of the memories' writers, was the critical path
-#: (docs/boards.md, session 14). No phase reads a word it wrote this soon, and a phase's
-#: next reads come after the next phase's PHASE_WORDS words are loaded, so no cycle count
-#: changes.
-MEMORY_WRITE_STAGES = 1
-#: Cycles from a forward or input-gradient step to the snapshot of its sums: the activation
-#: read, the gates, the weight (and dY) read, the broadcast, the operand and product
-#: registers, the accumulator.
-SNAP_LATENCY = 5 + GATE_STAGES + WEIGHT_BROADCAST_STAGES
+#: Builds with at least this many lanes get the fanout registers below (WIDE): their lanes
+#: spread across the chip (32 on the ECP5), and one control signal or weight read reaching
+#: all of them in the cycle it is formed was the critical path. A narrower build (the
+#: iCEBreaker's 2 lanes) has none (NARROW): its fanout is a few loads, and on the UP5K every
+#: such register bit is a logic cell of its own (docs/boards.md, session 25).
+FANOUT_LANES = 8
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The registers engine v2 (ember_hw.sample_engine) puts on its fanouts, by build
+    (`pipeline`). They change cycles, never results or events.
+
+    gate:         registers between the lanes' zero gates (formed from the activation
+                  memory's read data) and the weight memory's read enable ("read W[j, k]
+                  unless every lane is gated") in the forward and input-gradient phases; the
+                  input gradient's kept-channel addresses are registered with them. On the
+                  32-lane ECP5 build the OR of every lane's gate into the enable, in the read
+                  data's own cycle, was the critical path (docs/boards.md, session 12).
+    broadcast:    registers between the weight memory's read data and the lanes' operands in
+                  the same phases: the one weight read per step goes to all P lanes.
+    memory_write: registers in front of the activation and gradient memories' writes
+                  (ember_hw.lanemem, write_stages): each write goes to all P lanes' block
+                  RAMs (docs/boards.md, session 14). No phase reads a word it wrote this
+                  soon, and a phase's next reads come after the next phase's PHASE_WORDS
+                  words are loaded, so no cycle count changes.
+    grad_tree:    registered levels of the weight gradient's adder tree across the P lanes
+                  (ember_hw.arith.pipelined_tree_sum): 32 products into one sum in one cycle
+                  do not route at 30 MHz on the ULX3S build.
+    """
+    gate: int
+    broadcast: int
+    memory_write: int
+    grad_tree: int
+
+    @property
+    def snap_latency(self):
+        """Cycles from a forward or input-gradient step to the snapshot of its sums: the
+        activation read, the gates, the weight (and dY) read, the broadcast, the operand and
+        product registers, the accumulator."""
+        return 5 + self.gate + self.broadcast
+
+    @property
+    def grad_sum_latency(self):
+        """Cycles from a weight-gradient step to its input's accumulator over the blocks: the
+        activation read, the dY read, the operand and product registers, then the tree."""
+        return 4 + self.grad_tree
+
+
+WIDE = Pipeline(gate=1, broadcast=1, memory_write=1, grad_tree=2)
+NARROW = Pipeline(gate=0, broadcast=0, memory_write=0, grad_tree=1)
+
+
+def pipeline(build):
+    """`build`'s fanout registers: WIDE from FANOUT_LANES lanes, else NARROW."""
+    return WIDE if build.lanes >= FANOUT_LANES else NARROW
+
+
 #: The forward writeback unit (ember_hw.writeback) takes a block's sums every P / D + this
 #: many cycles (busy P / D + 4 cycles after each; D = Build.drain_lanes), so a group's last
 #: step waits that long after the last group's (whatever the pipeline's latency: both
 #: snapshots are as late).
 WRITEBACK_GAP = 5
-#: Registered levels of the weight gradient's adder tree across the P lanes
-#: (ember_hw.arith.pipelined_tree_sum): 32 products into one sum in one cycle do not
-#: route at 30 MHz on the ULX3S build.
-GRAD_TREE_STAGES = 2
 #: Registered levels of the select phase's sum of the live lanes' |dY| (ssProp's scores).
 SCORE_TREE_STAGES = 2
-#: Cycles from a weight-gradient step to its input's accumulator over the blocks: the
-#: activation read, the dY read, the operand and product registers, then the tree.
-GRAD_SUM_LATENCY = 4 + GRAD_TREE_STAGES
 #: Cycles from the weight gradient's sum of a (j, k) to the update unit's write of W[j, k]
 #: (ember_hw.sample_engine._update: the new weight, its register, the write).
 UPDATE_WRITE_LATENCY = 3
@@ -341,15 +371,16 @@ UPDATE_WRITE_DISTANCE = spec.GRAD_HOLD
 #: The update reads W[j, k] this many cycles before the sum of its gradient is done.
 UPDATE_READ_LEAD = UPDATE_WRITE_DISTANCE - UPDATE_WRITE_LATENCY
 #: Cycles from a phase's last step to the end of its drain, per kind, for P / D groups of D =
-#: Build.drain_lanes lanes: the pipeline's stages, and the forward writeback's P / D + 4 busy
+#: Build.drain_lanes lanes and the build's Pipeline: the pipeline's stages, and the forward writeback's P / D + 4 busy
 #: cycles after the snapshot, the dX drain's P / D cycles, the update's three stages after
 #: the weight gradient's sum.
-_DRAIN = {"forward": lambda G: SNAP_LATENCY + G + 5, "logits": lambda G: SNAP_LATENCY + G + 5,
-          "argmax": lambda G: 3, "loss": lambda G: 3,
-          "select": lambda G: 3 + SCORE_TREE_STAGES,
-          "input_grad": lambda G: SNAP_LATENCY + G + 2, "requant": lambda G: 5,
-          "weight_grad": lambda G: GRAD_SUM_LATENCY + UPDATE_WRITE_LATENCY + 1,
-          "psg_max": lambda G: GRAD_SUM_LATENCY + 1}
+_DRAIN = {"forward": lambda G, p: p.snap_latency + G + 5,
+          "logits": lambda G, p: p.snap_latency + G + 5,
+          "argmax": lambda G, p: 3, "loss": lambda G, p: 3,
+          "select": lambda G, p: 3 + SCORE_TREE_STAGES,
+          "input_grad": lambda G, p: p.snap_latency + G + 2, "requant": lambda G, p: 5,
+          "weight_grad": lambda G, p: p.grad_sum_latency + UPDATE_WRITE_LATENCY + 1,
+          "psg_max": lambda G, p: p.grad_sum_latency + 1}
 
 
 def _selector_cycles(build, batch, n, settings):
@@ -438,7 +469,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
       select:          its steps, the selector (_selector_cycles), the kept list (N + 2),
                        and before them its header and bookkeeping (_book_cycles);
       weight_grad:     its steps; under PSG the second pass of each (channel, input group)
-                       waits up to GRAD_SUM_LATENCY + 1 cycles for the first pass's
+                       waits up to grad_sum_latency + 1 cycles for the first pass's
                        decisions; on a weight_spram build, _update_stalls;
       argmax, requant, psg_max: their steps.
     """
@@ -472,14 +503,15 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
         D = lane_step(kind, build)
         run = (steps // walked) * (live * (3 * ph.outputs + 23 + 3 + D) + walked - live)
     elif kind == "weight_grad":
-        run = steps + ((GRAD_SUM_LATENCY + 1) * bounds[0] * bounds[1] if passes == 2 else 0)
+        wait = pipeline(build).grad_sum_latency + 1
+        run = steps + (wait * bounds[0] * bounds[1] if passes == 2 else 0)
         run += _update_stalls(bounds, build, bounds[PASS_LEVEL])
     else:
         run = steps
     if kind == "select":
         run += (HEADER_ONLY_CYCLES + _book_cycles(build)
                 + _selector_cycles(build, batch, ph.outputs, settings) + ph.outputs + 2)
-    return PHASE_OVERHEAD + run + _DRAIN[kind](groups_drained)
+    return PHASE_OVERHEAD + run + _DRAIN[kind](groups_drained, pipeline(build))
 
 
 def program_cycle_bound(phases, build, batch, settings=None):

@@ -66,11 +66,11 @@ The phases (cycle t: the nest presents the step and it is taken; levels are name
 first, each nest padded with bound-1 levels at the outer end to ember.dataflow.LEVELS):
 
 - forward, logits (levels: sample block s, output j, input k): t reads the activation word;
-  t+1 gates the lanes whose activation is zero; G = ember.dataflow.GATE_STAGES registers
+  t+1 gates the lanes whose activation is zero; G = dataflow.pipeline(build).gate registers
   later, t+1+G reads W[j, k] unless every lane is gated; the weight arrives at t+2+G and,
-  B = ember.dataflow.WEIGHT_BROADCAST_STAGES registers later (the broadcast register, near
+  B = Pipeline.broadcast registers later (the broadcast register, near
   the lanes), t+2+G+B gives it to every lane with its own activation; t+4+G+B accumulates;
-  at the last k, t+5+G+B (SNAP_LATENCY) snapshots the sums and the writeback unit
+  at the last k, t+5+G+B (snap_latency) snapshots the sums and the writeback unit
   requantizes them D = spec.Build.drain_lanes lanes a cycle. A step with the last k waits
   until the writeback unit is free when its sums arrive (P / D + WRITEBACK_GAP cycles apart).
 - argmax (s, lane, class n): the first maximum of each sample's logits into the predictions.
@@ -90,8 +90,8 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   layer below (ember_hw.requant).
 - weight_grad (kept c, input group, pass, s, input in the group): each lane's
   dY[b, j] * A[b, k] summed across the lanes (an adder tree of
-  ember.dataflow.GRAD_TREE_STAGES registered levels, the sum in the accumulator at
-  t + GRAD_SUM_LATENCY) and the sample blocks into the input's accumulator (one per input of
+  Pipeline.grad_tree registered levels, the sum in the accumulator at
+  t + grad_sum_latency) and the sample blocks into the input's accumulator (one per input of
   the group); the block's dY word is read at the
   group's first input and held for the rest (spec.GRAD_HOLD). At the last s the update: SGD
   through the rounding shifter, or under PSG a first pass of the high bits' products (the
@@ -160,11 +160,6 @@ def event_bounds(build):
     return bounds
 
 
-#: Cycles from a nest step to the snapshot of its sums (the watchdog's bound counts them).
-SNAP_LATENCY = dataflow.SNAP_LATENCY
-WEIGHT_BROADCAST_STAGES = dataflow.WEIGHT_BROADCAST_STAGES
-GATE_STAGES = dataflow.GATE_STAGES
-GRAD_SUM_LATENCY = dataflow.GRAD_SUM_LATENCY
 LEVELS = dataflow.LEVELS
 INNER = dataflow.INNER
 BLOCK = dataflow.BLOCK_LEVEL
@@ -182,6 +177,8 @@ class SampleEngine(wiring.Component):
             raise ValueError(f"build '{build.name}': SPRAM weights need the single-port "
                              "schedule of a weight_spram build")
         self.build, self.tally, self.spram = build, tally, spram
+        #: the fanout registers of this build's pipelines (ember.dataflow.Pipeline)
+        self.pipe = dataflow.pipeline(build)
         P = build.lanes
         self.logp = ceil_log2(P)
         self.weight_depth = build.weight_words * P
@@ -302,9 +299,9 @@ class SampleEngine(wiring.Component):
         s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits), bld.max_width)
         m.submodules.amem = s.amem = LaneMemory(P, self._bank_depth(self.a_bits, self.act_words),
                                                 spec.ACT_BITS,
-                                                write_stages=dataflow.MEMORY_WRITE_STAGES)
+                                                write_stages=self.pipe.memory_write)
         m.submodules.gmem = s.gmem = LaneMemory(P, bld.grad_words, spec.GRAD_BITS,
-                                                write_stages=dataflow.MEMORY_WRITE_STAGES)
+                                                write_stages=self.pipe.memory_write)
         # one lane's entry of the gradient word read, for argmax and loss (one P-way
         # multiplexer for both: each gathers every lane's memory into one place). Its select
         # is a register that each phase loads with the lane of its read (the read's address
@@ -473,11 +470,11 @@ class SampleEngine(wiring.Component):
         s.GACC = bld.lane_acc_bits()
         s.GACC_ROUND = max(s.GACC, spec.DX_BITS)
         m.submodules.lanes = s.lanes = MacLanes(P, OPND, LACC, drain=s.D)
-        # the weight read for the lanes, WEIGHT_BROADCAST_STAGES registers after the memory
-        # (the update and the bus read the memory's data directly)
+        # the weight read for the lanes, Pipeline.broadcast registers after the memory (the
+        # update and the bus read the memory's data directly)
         s.w_bcast = s.w_rd.data
         s.w_bcast_regs = []
-        for n in range(1, WEIGHT_BROADCAST_STAGES + 1):
+        for n in range(1, self.pipe.broadcast + 1):
             reg = Signal.like(s.w_rd.data, name=f"w_bcast{n}", reset_less=True)
             m.d.sync += reg.eq(s.w_bcast)
             s.w_bcast = reg
@@ -558,8 +555,16 @@ class SampleEngine(wiring.Component):
     def _delay(m, s, name, stage, values, stages, valid=None, w=None):
         """`stage` and `values` `stages` registers later (the stage's weight address
         included). `valid`, `w`: what the first register takes for the stage's valid and
-        weight address instead of the stage's own. Returns (the stage, the values, whether
-        any of the added registers holds a step)."""
+        weight address instead of the stage's own (with no registers: what the returned
+        stage carries in this cycle). Returns (the stage, the values, whether any of the
+        added registers holds a step)."""
+        if stages == 0 and (valid is not None or w is not None):
+            now = _Stage(m, f"{name}0", s.P, len(stage.w), len(stage.o))
+            m.d.comb += [now.valid.eq(stage.valid if valid is None else valid),
+                         now.first.eq(stage.first), now.last.eq(stage.last),
+                         now.w.eq(stage.w if w is None else w), now.o.eq(stage.o),
+                         now.live.eq(stage.live)]
+            stage = now
         busy = []
         for n in range(1, stages + 1):
             later = _Stage(m, f"{name}{n}", s.P, len(stage.w), len(stage.o))
@@ -575,9 +580,9 @@ class SampleEngine(wiring.Component):
 
     def _meet_broadcast(self, m, s, name, stage, values):
         """`stage` and `values` (the step's flags and its lanes' operands, taken in the
-        cycle the weight memory's data arrives) WEIGHT_BROADCAST_STAGES cycles later, where
-        they meet the weight in the broadcast register (s.w_bcast)."""
-        return self._delay(m, s, f"{name}b", stage, values, WEIGHT_BROADCAST_STAGES)
+        cycle the weight memory's data arrives) Pipeline.broadcast cycles later, where they
+        meet the weight in the broadcast register (s.w_bcast)."""
+        return self._delay(m, s, f"{name}b", stage, values, self.pipe.broadcast)
 
     # ---------------------------------------------------------------- forward, logits
     def _forward(self, m, s):
@@ -599,12 +604,12 @@ class SampleEngine(wiring.Component):
                      s1.w.eq(s.addr["w"]), s1.o.eq(s.addr["o"]), s1.live.eq(live0)]
         with m.If(s.issue & on):
             m.d.sync += s.count("act_reads", s.live_count)
-        # t+1: gate the zero lanes; t+1+G (G = GATE_STAGES registers later): read the weight
+        # t+1: gate the zero lanes; t+1+G (G = Pipeline.gate registers later): read the weight
         # unless every lane is gated
         nonzero = Cat(*[s.amem.rd.data.word_select(i, spec.ACT_BITS) != 0 for i in range(P)])
         on1 = s1.live & Mux(self.zero_skip, nonzero, s.all_lanes)
         sg, (on_g, act_g), sg_busy = self._delay(m, s, "fg", s1, [on1, s.amem.rd.data],
-                                                 GATE_STAGES)
+                                                 self.pipe.gate)
         with m.If(sg.valid):
             m.d.comb += [s.w_rd.addr.eq(sg.w), s.w_rd.en.eq(on_g != 0)]
         m.d.sync += [s2.valid.eq(sg.valid), s2.first.eq(sg.first), s2.last.eq(sg.last),
@@ -626,7 +631,7 @@ class SampleEngine(wiring.Component):
         s.chain(m, sb, s3)
         s.chain(m, s3, s4)
         m.d.sync += [s5.valid.eq(s4.valid & s4.last), s5.o.eq(s4.o), s5.live.eq(s4.live)]
-        # SNAP_LATENCY - 1: accumulate; SNAP_LATENCY: the sums to the writeback unit
+        # snap_latency - 1: accumulate; snap_latency: the sums to the writeback unit
         with m.If(s4.valid):
             m.d.comb += [s.lanes.acc_add.eq(s.all_lanes), s.lanes.acc_first.eq(s4.first)]
         with m.If(s5.valid):
@@ -869,7 +874,7 @@ class SampleEngine(wiring.Component):
                 m.d.comb += s.bad_address.eq(1)
         # t+1+G: W[j, k] (unless every lane is gated) and dY read, from registers
         ig, (on_g, relu_g, g_g), ig_busy = self._delay(
-            m, s, "igg", i1, [on1, relu_now, g_final[:len(g1)]], GATE_STAGES,
+            m, s, "igg", i1, [on1, relu_now, g_final[:len(g1)]], self.pipe.gate,
             valid=i1.valid & ~s.bad_address, w=w_final)
         s.in_flight.append(ig_busy)
         with m.If(ig.valid):
@@ -899,7 +904,7 @@ class SampleEngine(wiring.Component):
                      i5.o.eq(i4.o), i5.live.eq(i4.live), relu5.eq(relu4)]
         with m.If(i4.valid):
             m.d.comb += [s.lanes.acc_add.eq(s.all_lanes), s.lanes.acc_first.eq(i4.first)]
-        # SNAP_LATENCY: the sums into the snapshot; the drain writes D lanes a cycle, lanes
+        # snap_latency: the sums into the snapshot; the drain writes D lanes a cycle, lanes
         # cD .. cD + D - 1 to the entries from o rounded down to a multiple of D (the
         # compiler's o is a multiple of P): word o // D + c of the D scratch banks
         D, LOGD = s.D, s.logd
@@ -1038,11 +1043,11 @@ class SampleEngine(wiring.Component):
             # zero skips: once per (j, k), in its first pass (not in psg_max)
             with m.If(~p2 & s.is_["weight_grad"]):
                 m.d.sync += s.count("skip_zero", popcount(w2.live & ~on2))
-        # t+3, t+4: the products; the tree's levels; the sum at t + GRAD_SUM_LATENCY
+        # t+3, t+4: the products; the tree's levels; the sum at t + grad_sum_latency
         fields = (("valid", 1), ("fb", 1), ("lb", 1), ("last", 1), ("w", len(s.addr["w"])),
                   ("o", max(o_bits, 1)), ("pass", 1), ("on", range(P + 1)))
         stages = [{f: Signal(shape, name=f"wg{n}_{f}") for f, shape in fields}
-                  for n in range(3, GRAD_SUM_LATENCY + 1)]
+                  for n in range(3, self.pipe.grad_sum_latency + 1)]
         first_values = {"valid": w2.valid, "fb": fb2, "lb": lb2, "last": w2.last, "w": w2.w,
                         "o": w2.o, "pass": p2, "on": popcount(on2)}
         m.d.sync += [stages[0][f].eq(v) for f, v in first_values.items()]
@@ -1054,7 +1059,7 @@ class SampleEngine(wiring.Component):
         # its write (3 cycles after the sum) are GRAD_HOLD cycles apart: a group's GRAD_HOLD
         # updates in a row then read and write in separate cycles (_update_stall)
         lead = dataflow.UPDATE_READ_LEAD
-        if not 0 <= lead <= GRAD_SUM_LATENCY - 3:
+        if not 0 <= lead <= self.pipe.grad_sum_latency - 3:
             raise ValueError(f"the update's read {lead} cycles before the weight gradient's "
                              f"sum is not in a stage that holds its address")
         early = stages[-1 - lead]
@@ -1063,8 +1068,8 @@ class SampleEngine(wiring.Component):
                      s.upd_read_addr.eq(early["w"])]
         self._update_stall(m, s, s.is_["weight_grad"] & s.last[BL] & (~self.psg | pass1))
         tree = pipelined_tree_sum(m, [s.lanes.product(i) for i in range(P)],
-                                  dataflow.GRAD_TREE_STAGES, signed(s.GACC), "wg_tree")
-        # t + GRAD_SUM_LATENCY: the input's accumulator over the blocks, and its live MACs
+                                  self.pipe.grad_tree, signed(s.GACC), "wg_tree")
+        # t + grad_sum_latency: the input's accumulator over the blocks, and its live MACs
         # (PSG's skips)
         acc = Array(Signal(signed(s.GACC), name=f"wg_sum{i}") for i in range(R))
         macs = Array(Signal(range(2 * self.build.max_batch + 1), name=f"wg_macs{i}")
