@@ -400,10 +400,18 @@ def _selector_cycles(build, batch, n, settings):
     return (passes + 1) * (n + 1) + 1
 
 
+def book_products(build):
+    """The serial products of the select phase's bookkeeping (ember_hw.sample_engine's BOOK
+    states): batch * K and that times N (the work SLU skips), and on a build with the ssProp
+    unit the keep count and the work ssProp drops as well."""
+    return 4 if "ssprop" in build.features else 2
+
+
 def _book_cycles(build):
-    """The select phase's bookkeeping before its words are loaded again: 3 states and four
-    serial products of book_multiplier_bits(build) steps, each started and taken (+ 2)."""
-    return 3 + 4 * (book_multiplier_bits(build) + 2)
+    """The select phase's bookkeeping before its words are loaded again: 3 states and
+    book_products(build) serial products of book_multiplier_bits(build) steps, each started
+    and taken (+ 2)."""
+    return 3 + book_products(build) * (book_multiplier_bits(build) + 2)
 
 
 def _update_stalls(bounds, build, passes):

@@ -1243,11 +1243,14 @@ class SampleEngine(wiring.Component):
             with m.State("BOOK_MUL"):
                 keep_raw = mul.product[8:]
                 keep = Mux(self.keep_q8 >= spec.KEEP_ONE, s.N, Mux(keep_raw == 0, 1, keep_raw))
-                # (a, b) of each product, and what takes it when it is done
-                steps = [(s.N, self.keep_q8, lambda: s.keep.eq(keep if s.has_ssprop else s.N)),
-                         (s.K, self.batch, lambda: bk.eq(mul.product)),
-                         (bk, s.N, lambda: full.eq(mul.product)),
-                         (bk, s.N - s.keep, lambda: dropped.eq(mul.product))]
+                # (a, b) of each product, and what takes it when it is done; without the
+                # ssProp unit every channel is kept, so neither the keep count nor the
+                # dropped work is formed (dataflow.book_products)
+                steps = [(s.K, self.batch, lambda: bk.eq(mul.product)),
+                         (bk, s.N, lambda: full.eq(mul.product))]
+                if s.has_ssprop:
+                    steps = ([(s.N, self.keep_q8, lambda: s.keep.eq(keep))] + steps
+                             + [(bk, s.N - s.keep, lambda: dropped.eq(mul.product))])
                 with m.Switch(book_step):
                     for i, (a, b, take) in enumerate(steps):
                         with m.Case(2 * i):
@@ -1261,8 +1264,10 @@ class SampleEngine(wiring.Component):
             with m.State("BOOK3"):
                 m.d.sync += [s.count("skip_slu", Mux(wgrad, 0, full) + Mux(igrad | (s.layer == 0),
                                                                           0, full))]
-                with m.If(wgrad | igrad):
-                    m.d.sync += s.count("skip_ssprop", Mux(wgrad & igrad, dropped << 1, dropped))
+                if s.has_ssprop:
+                    with m.If(wgrad | igrad):
+                        m.d.sync += s.count("skip_ssprop",
+                                            Mux(wgrad & igrad, dropped << 1, dropped))
                 m.next = "BOOK4"
             with m.State("BOOK4"):
                 # the select phase runs if either pass does: its words again from the start
