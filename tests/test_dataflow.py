@@ -170,3 +170,49 @@ def test_a_network_whose_program_does_not_fit_is_refused_before_it_is_written():
     with pytest.raises(spec.ConfigError, match=r"needs a program of 669 words; build "
                                                r"'icebreaker' holds 512"):
         spec.check_network([63, 63, 63, 10], ice, 3)
+
+
+def _v2_builds():
+    """Every engine-v2 build the boards and the simulated board run (the iCEBreaker's as
+    its --dataflow samples variant)."""
+    builds = [b for b in spec.BUILDS.values() if b.dataflow == "samples"]
+    return builds + [spec.with_dataflow(spec.BUILDS["icebreaker"], "samples")]
+
+
+@pytest.mark.parametrize("build", _v2_builds(), ids=lambda b: b.name)
+def test_compiled_bounds_fit_the_cores_counters(build):
+    """dataflow.max_bound bounds every program the host compiles: the widest networks the
+    build holds (every layer as wide as fits, up to max_width, with 10 classes or as many as
+    the width) at the largest batch that fits and at 1, train (PSG relative) and infer. The
+    core's bound_bits hold max_bound, and no more than twice it."""
+    top = dataflow.max_bound(build)
+    assert top <= dataflow.bound_limit(build) < 2 * top
+    seen = 0
+    for depth in range(1, build.max_layers + 1):
+        for classes in (10, build.max_width):
+            width = build.max_width
+            layers = lambda w: [w] * depth + [min(classes, w)]
+            while width > 1 and not _fits(layers(width), build, 1):
+                width //= 2
+            if not _fits(layers(width), build, 1):
+                continue
+            batch = build.max_batch
+            while not _fits(layers(width), build, batch):
+                batch //= 2
+            shifts = [spec.HIDDEN_SHIFT] * (depth - 1) + [spec.OUTPUT_SHIFT]
+            for b in {1, batch}:
+                for phases in (dataflow.infer_program(layers(width), build, b, shifts),
+                               dataflow.train_program(layers(width), build, b, shifts, True)):
+                    for ph in phases:
+                        assert max(ph.bounds) <= top, (layers(width), b, ph.kind, ph.bounds)
+                        seen = max(seen, max(ph.bounds))
+    assert seen > top // 4, (seen, top)
+
+
+def _fits(layers, build, batch):
+    try:
+        dataflow.check_fits(layers, build, batch)
+        spec.check_network(layers, build, batch)
+    except spec.ConfigError:
+        return False
+    return True

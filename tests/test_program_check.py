@@ -10,7 +10,7 @@ from amaranth.lib.memory import Memory
 from amaranth.sim import Simulator
 
 from ember import dataflow, program
-from ember_hw.program_check import READ_STAGES, ProgramCheck
+from ember_hw.program_check import EXACT_BITS, READ_STAGES, ProgramCheck
 
 from test_sample_engine import LANE_BUILDS
 from test_verify import (TIGHT, TIGHT_BUILDS, changed, compiled_programs, first,
@@ -151,12 +151,15 @@ def ordering_programs():
             bad[at_a + 1 + pas] = (-r + off) & dataflow.WORD_MASK if abs(r) <= 1 << 31 \
                 else (1 << 31) - 1
             yield f"{what} inner stride, pass delta off {off}", bad
-    # R past its exact width in one product (16 blocks of stride 2**31 - 1), the pass delta 0:
-    # the pass level steps 15 * (2**31 - 1), a run-time stride
+    # R past its exact width in one product (15 blocks, the most the build's counters hold,
+    # of stride 2**31 - 1), the pass delta 0: the pass level steps 14 * (2**31 - 1) > 2**33,
+    # a run-time stride
+    blocks = dataflow.bound_limit(TIGHT)
+    assert (blocks - 1) * ((1 << 31) - 1) >= 1 << EXACT_BITS
     bad = list(words)
     at_b = wg * dataflow.PHASE_WORDS + dataflow.HEADER_WORDS + block // 2
     shift = program.BOUND_BITS * (block % 2)
-    bad[at_b] = (bad[at_b] & ~(program.MAX_BOUND << shift)) | (16 << shift)
+    bad[at_b] = (bad[at_b] & ~(program.MAX_BOUND << shift)) | (blocks << shift)
     for level in range(dataflow.LEVELS):
         bad[at_a + 1 + level] = (1 << 31) - 1 if level == block else 0
     for g_i in range(len(dataflow.GENERATORS)):     # the others step nothing inside
@@ -170,11 +173,17 @@ def width_programs():
     """Damage at the edges of the unit's narrow registers (TIGHT's limits fit 9 bits)."""
     P = tight_program()
     fwd, sel1 = first(P, "forward"), first(P, "select", layer=1)
-    # one product past the limit and past 2**9 (19 * 30 = 570) from a stride inside it
+    # one product past the limit and past 2**9 (14 * 40 = 560) from a stride inside it and
+    # a bound the build's counters hold (15)
     yield "one reach past the limit", dataflow.encode(
-        changed(changed(P, fwd, bound=(0, 20)), fwd, stride_w=(0, 30)), TIGHT)
-    # a channel count past the outputs' register (64 > 4, 64 = 0b1000000)
-    yield "channels past the width", dataflow.encode(changed(P, sel1, bound=(0, 64)), TIGHT)
+        changed(changed(P, fwd, bound=(0, 15)), fwd, stride_w=(0, 40)), TIGHT)
+    # a channel count past the outputs' register (16 = 4 * 4 = 0b10000 > 5; each bound
+    # within the build's bound_limit, 15)
+    assert dataflow.bound_limit(TIGHT) == 15
+    yield "channels past the width", dataflow.encode(
+        changed(changed(P, sel1, bound=(0, 4)), sel1, bound=(1, 4)), TIGHT)
+    # a bound past the build's loop-nest counters (16 > bound_limit 15)
+    yield "a bound past the counters", dataflow.encode(changed(P, fwd, bound=(0, 16)), TIGHT)
 
 
 def test_each_check_refuses_as_verify_does():
@@ -195,6 +204,7 @@ def test_each_check_refuses_as_verify_does():
     assert order["lost R"][1] == "run_time_stride"
     assert order["one reach past the limit"][1] == "range"
     assert order["channels past the width"][1] == "channel"
+    assert order["a bound past the counters"][1] == "bound"
 
 
 @pytest.mark.parametrize("lanes", [2, 4])

@@ -2,7 +2,8 @@
 against its golden twin ember.dataflow.execute and the golden model: on random networks,
 batches (a partial last sample block included) and data, the predictions are
 GoldenModel.infer's and every event count is the executor's; a program the engine must
-refuse (an address outside its memory, a bound of 0, an unknown kind) stops with `fault`
+refuse (an address outside its memory, a bound of 0 or past the counters, an unknown kind,
+a width past K's and N's registers) stops with `fault`
 before the access."""
 
 import dataclasses
@@ -140,8 +141,12 @@ def test_a_program_that_leaves_a_memory_faults_before_the_access():
     assert out["events"]["infer_samples"] == 0
 
 
-@pytest.mark.parametrize("damage", ["zero_bound", "unknown_kind"])
+@pytest.mark.parametrize("damage", ["zero_bound", "unknown_kind", "wide_bound", "wide_header"])
 def test_a_malformed_phase_faults(damage):
+    """A bound of 0, a kind the core does not know, a bound past what its counters hold
+    (dataflow.bound_limit: the first phase's outermost level, which steps nothing, so only
+    the check stops it) and a layer width past K's and N's registers: the first phase
+    faults and nothing runs."""
     layers, batch = [6, 5, 4], 3
     rng = np.random.default_rng(4)
     weights = [rng.integers(-999, 999, (n, k)).astype(np.int16)
@@ -151,6 +156,12 @@ def test_a_malformed_phase_faults(damage):
     words = dataflow.encode(phases, SMALL)
     if damage == "zero_bound":
         words[dataflow.HEADER_WORDS] &= ~0xFFFF  # level 0's bound of the first phase
+    elif damage == "wide_bound":
+        assert phases[0].bounds[0] == 1 and dataflow.bound_limit(SMALL) < program.MAX_BOUND
+        words[dataflow.HEADER_WORDS] = ((words[dataflow.HEADER_WORDS] & ~0xFFFF)
+                                        | (dataflow.bound_limit(SMALL) + 1))
+    elif damage == "wide_header":
+        words[1] |= 1 << SMALL.max_width.bit_length()      # the outputs' field, N
     else:
         words[0] = (words[0] & ~0xF) | 0xE  # a kind the engine does not know
     dut = SampleEngine(SMALL)

@@ -284,6 +284,27 @@ def _train_phases(layers, build, batch, shifts, psg_relative):
 KEPT_LEVEL = {"input_grad": INNER, "weight_grad": LEVELS - 5, "psg_max": LEVELS - 5}
 
 
+def max_bound(build):
+    """The largest bound of a level in any program the host compiles for `build`: a width (the
+    outputs, inputs or channels of a layer), the sample blocks of the largest batch, the
+    lanes of a block, or a weight-gradient group's GRAD_HOLD inputs and 2 passes."""
+    return max(build.max_width, sample_blocks(build, build.max_batch), build.lanes,
+               spec.GRAD_HOLD, 2)
+
+
+def bound_bits(build):
+    """The width of the core's bound registers and its loop nest's counters on `build`: what
+    max_bound needs. The program's words carry program.BOUND_BITS; a written bound that does
+    not fit these is refused (bound_limit)."""
+    return max_bound(build).bit_length()
+
+
+def bound_limit(build):
+    """The largest bound the core runs on `build`: a phase with a larger written bound (at a
+    level the core does not bound at run time) stops with a fault, and `verify` refuses it."""
+    return (1 << bound_bits(build)) - 1
+
+
 def book_multiplier_bits(build):
     """The width of the multiplier operand b of the select phase's bookkeeping (the core's
     serial multiplier takes this many steps a product): the keep ratio, the batch or a width."""
@@ -324,7 +345,8 @@ class Pipeline:
                   words are loaded, so no cycle count changes.
     grad_tree:    registered levels of the weight gradient's adder tree across the P lanes
                   (ember_hw.arith.pipelined_tree_sum): 32 products into one sum in one cycle
-                  do not route at 30 MHz on the ULX3S build.
+                  do not route at 30 MHz on the ULX3S build; with 0 the lanes' products are
+                  summed into the accumulator in the cycle they arrive.
     """
     gate: int
     broadcast: int
@@ -346,7 +368,7 @@ class Pipeline:
 
 
 WIDE = Pipeline(gate=1, broadcast=1, memory_write=1, grad_tree=2)
-NARROW = Pipeline(gate=0, broadcast=0, memory_write=0, grad_tree=1)
+NARROW = Pipeline(gate=0, broadcast=0, memory_write=0, grad_tree=0)
 
 
 def pipeline(build):
@@ -727,9 +749,13 @@ def _kept_list_fault(ph, build, select):
 
 def _bound_fault(ph, build, select):
     run_time = run_time_bounds(ph, select)
+    top = bound_limit(build)
     for level, bound in enumerate(ph.bounds):
         if level not in run_time and bound < 1:
             return f"level {level}'s bound is {bound}; a bound counts iterations, 1 or more"
+        if level not in run_time and bound > top:
+            return (f"level {level}'s bound is {bound}, above {top}, the most the build's "
+                    f"loop nest counts ({bound_bits(build)} bits)")
     return None
 
 
@@ -821,7 +847,7 @@ def verify(words, build, base=0):
     starts (docs/architecture.md, section 2b; verify_verdict also names the check).
 
     The core's run-time checks, made here for every value the run may give the levels it
-    bounds at run time (run_time_bounds): a kind it knows, bounds of 1 or more, each
+    bounds at run time (run_time_bounds): a kind it knows, bounds of 1 to bound_limit, each
     generator's whole range over the nest inside its limit (`limits`), the addresses formed
     from them (derived_reach), and an "end" phase inside the build's program_words. Where the core's
     check is finer than a static bound, this one refuses more: the header's fields in their

@@ -79,8 +79,12 @@ def pipelined_tree_sum(m, values, stages, shape, name):
     stages left) each) into registers, so the sum is in the last register `stages` cycles
     after `values`. Lets P lanes' products meet in a tree whose first level sums neighbours
     near them. `shape` is every register's (wide enough for the whole sum); returns the last
-    register."""
+    register (with `stages` 0: the sum itself, combinational)."""
     values = list(values)
+    if stages == 0:
+        total = Signal(shape, name=name)
+        m.d.comb += total.eq(tree_sum(values))
+        return total
     for stage in range(stages):
         per = 1 << -(-ceil_log2(len(values)) // (stages - stage))
         groups = [values[i:i + per] for i in range(0, len(values), per)]

@@ -359,15 +359,16 @@ class ProgramCheck(wiring.Component):
                 # the bound check; a select phase's channels: its outer bounds' product
                 m.d.comb += self.busy.eq(1)
                 n = self._bound_at(level)
-                zero = ~run_time & (n == 0)
-                with m.If(zero):
+                # a bound of 0, or one above what the core's counters hold
+                bad_bound = ~run_time & ((n == 0) | (n > dataflow.bound_limit(self.build)))
+                with m.If(bad_bound):
                     m.d.sync += flag["bound"].eq(1)
                 with m.If((kind == KINDS["select"]) & (level != INNER) & ~flag["channel"]
                           & (n != 1)):
                     m.d.comb += [mul.a.eq(channels), mul.b.eq(n), mul.start.eq(1)]
                     m.next = "CHANNEL_PRODUCT"
                 with m.Else():
-                    next_bound_level(zero)
+                    next_bound_level(bad_bound)
             with m.State("CHANNEL_PRODUCT"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(mul.done):

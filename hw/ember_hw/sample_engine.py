@@ -16,8 +16,9 @@ when v2 replaces v1, the memory window and register bank) drives the ports below
                 train run, INFER_PROGRAM for an inference).
   busy:         Out(1) -- from the cycle after start until the program's "end" phase.
   fault:        Out(1) -- the last run stopped at a phase the engine refused: an unknown kind,
-                a bound of 0 or an address outside its memory (ember_hw.loopnest, and the
-                kept channels' addresses here); sticky until the next start.
+                a bound of 0 or past dataflow.bound_limit, an inputs or outputs field past a
+                layer's width register, or an address outside its memory (ember_hw.loopnest,
+                and the kept channels' addresses here); sticky until the next start.
   settings:     In -- the step's registers (spec.StepSettings): batch, update_mask,
                 lr_shift, zero_skip, psg, psg_relative, psg_tau, psg_step_shift, keep_q8,
                 ssprop_random, lfsr_seed. Held from start to the end of the run.
@@ -92,8 +93,9 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   dY[b, j] * A[b, k] summed across the lanes (an adder tree of
   Pipeline.grad_tree registered levels, the sum in the accumulator at
   t + grad_sum_latency) and the sample blocks into the input's accumulator (one per input of
-  the group); the block's dY word is read at the
-  group's first input and held for the rest (spec.GRAD_HOLD). At the last s the update: SGD
+  the group); the block's dY word is read at the group's first input and held for the
+  rest (spec.GRAD_HOLD) in the gradient memory's read register (its read enable is low
+  until the next group's first input). At the last s the update: SGD
   through the rounding shifter, or under PSG a first pass of the high bits' products (the
   prediction) and a second pass at full precision only where the prediction is not
   confident; the sign step. The second pass's first step waits for the group's decisions.
@@ -347,11 +349,16 @@ class SampleEngine(wiring.Component):
         s.kind = Signal(4)
         s.shift = Signal(range(spec.FORWARD_SHIFT_MAX + 1))
         s.layer = Signal(range(bld.max_layers))
-        s.N = Signal(dataflow.HEADER_FIELDS["outputs"][2])
-        s.K = Signal(dataflow.HEADER_FIELDS["inputs"][2])
+        # K and N as wide as a layer's width, the bounds as dataflow.bound_bits: the program
+        # words' wider fields are checked as they are loaded (a value that does not fit is
+        # refused with `fault`, header_wide and bound_over), not held
+        s.N = Signal(self.width_bits)
+        s.K = Signal(self.width_bits)
         s.header = {"kind": s.kind, "shift": s.shift, "layer": s.layer, "outputs": s.N,
                     "inputs": s.K}
-        s.bounds = [Signal(dataflow.BOUND_BITS, name=f"bound{i}") for i in range(LEVELS)]
+        s.header_wide = Signal()
+        s.bounds = [Signal(dataflow.bound_bits(bld), name=f"bound{i}") for i in range(LEVELS)]
+        s.bound_over = Signal(LEVELS)
         # the kind decoded as it is loaded (one register per kind, loaded with s.kind by
         # s.load_kind), not from s.kind: every phase's control starts from these flags
         kinds = dataflow.KINDS
@@ -366,22 +373,29 @@ class SampleEngine(wiring.Component):
         s.abort = Signal()
         # the nest's step memories in block RAM on an iCE40 (a weight_spram build: the iCE40
         # UltraPlus), which has no distributed RAM
-        nest = LoopNest(self.gen_bits, levels=LEVELS, block_ram=bld.weight_spram)
+        nest = LoopNest(self.gen_bits, levels=LEVELS, bound_bits=dataflow.bound_bits(bld),
+                        block_ram=bld.weight_spram)
         m.submodules.nest = s.nest = nest = ResetInserter(s.abort)(nest)
         s.kept_count = Signal(range(bld.max_width + 1))
         s.passes = Signal(range(3))
         m.d.comb += s.passes.eq(Mux(s.is_["weight_grad"] & self.psg, 2, 1))
-        eff = []
+        eff, over = [], []
         for i, b in enumerate(s.bounds):
-            v = b
+            v, run_time = b, Const(0)
             if i == dataflow.KEPT_LEVEL["input_grad"]:
-                v = Mux(s.is_["input_grad"], s.kept_count, v)
+                v, run_time = Mux(s.is_["input_grad"], s.kept_count, v), s.is_["input_grad"]
             if i == dataflow.KEPT_LEVEL["weight_grad"]:
-                v = Mux(s.gradish, s.kept_count, v)
+                v, run_time = Mux(s.gradish, s.kept_count, v), run_time | s.gradish
             if i == dataflow.PASS_LEVEL:
-                v = Mux(s.gradish, s.passes, v)
-            eff.append(v)
-        m.d.comb += [nest.bound.eq(Cat(*eff)), s.nest_done.eq(nest.done)]
+                v, run_time = Mux(s.gradish, s.passes, v), run_time | s.gradish
+            effective = Signal(len(b), name=f"eff_bound{i}")
+            m.d.comb += effective.eq(v)
+            eff.append(effective)
+            over.append(s.bound_over[i] & ~run_time)
+        # a written bound the core counts that does not fit its counters (dataflow.bound_limit)
+        s.bound_fault = Signal()
+        m.d.comb += [nest.bound.eq(Cat(*eff)), s.nest_done.eq(nest.done),
+                     s.bound_fault.eq(Cat(*over).any())]
         limits = {g: self._limit(s, g) for g in s.gens}
         for g in s.gens:
             m.d.comb += getattr(nest, f"limit_{g}").eq(limits[g])
@@ -646,11 +660,13 @@ class SampleEngine(wiring.Component):
         on = s.is_["argmax"]
         v1, v2 = Signal(name="am1_valid"), Signal(name="am2_valid")
         f1, f2, l1, l2 = (Signal(name=f"am_{n}") for n in ("f1", "f2", "l1", "l2"))
-        n1, n2 = Signal(len(s.addr["w"])), Signal(len(s.addr["w"]))
-        o1, o2 = Signal(len(s.addr["o"])), Signal(len(s.addr["o"]))
+        # the class n (generator w) is below max_width and the sample o below max_batch
+        # (the nest's limits in this kind, dataflow.limits): the stages carry only those bits
+        n1, n2 = Signal(self.width_bits), Signal(self.width_bits)
+        o1, o2 = Signal(self.label_bits), Signal(self.label_bits)
         pick = Signal(signed(spec.LOGIT_BITS))
         best = Signal(signed(spec.LOGIT_BITS))
-        best_n = Signal(len(s.addr["w"]))
+        best_n = Signal(self.width_bits)
         s.in_flight.append(v1 | v2)
         live = s.issue & on & s.sample_live
         m.d.sync += [v1.eq(live), f1.eq(s.first[INNER]), l1.eq(s.last[INNER]),
@@ -1001,6 +1017,10 @@ class SampleEngine(wiring.Component):
             m.d.comb += s.gmem.rd.addr.eq(g_final)
             with m.If((w_final >= self.weight_depth) | (g_final >= self.build.grad_words)):
                 m.d.comb += s.bad_address.eq(1)
+        # the gradient memory reads only at a group's first input of a block: its read
+        # register then holds the block's dY word for the group's other inputs (no copy)
+        with m.If(on):
+            m.d.comb += s.gmem.rd.en.eq(w1.valid & w1.first)
         w2 = _Stage(m, "wg2", P, len(s.addr["w"]), o_bits)
         on2, act2 = Signal(P), Signal(P * spec.ACT_BITS)
         p2, low2, skip2, fb2, lb2 = (Signal(name=f"wg2_{n}")
@@ -1009,12 +1029,10 @@ class SampleEngine(wiring.Component):
                      w2.last.eq(w1.last), w2.w.eq(w_final), w2.o.eq(w1.o), w2.live.eq(w1.live),
                      on2.eq(on1), act2.eq(s.amem.rd.data), p2.eq(p1), low2.eq(low1),
                      skip2.eq(skipped), fb2.eq(fb1), lb2.eq(lb1)]
-        # t+2: the held dY word (taken at the group's first input of the block); operands:
-        # dY[b, j] and A[b, k], or their high bits (PSG's prediction)
-        dy_hold = Signal(P * spec.GRAD_BITS)
-        dy_word = Mux(w2.first, s.gmem.rd.data, dy_hold)
+        # t+2: the dY word (read at the group's first input of the block, held by the
+        # memory since); operands: dY[b, j] and A[b, k], or their high bits (PSG's prediction)
+        dy_word = s.gmem.rd.data
         with m.If(w2.valid & w2.first):
-            m.d.sync += dy_hold.eq(s.gmem.rd.data)
             # counted when a pass needs the word: PSG's second pass of a group that is
             # confident everywhere reads nothing
             with m.If(~(p2 & ~s.uncertain_any)):
@@ -1186,8 +1204,7 @@ class SampleEngine(wiring.Component):
         b_bits = dataflow.book_multiplier_bits(bld)
         m.submodules.book_mul = mul = SerialMultiplier(max(bk_max.bit_length(), 16), b_bits)
         bk = Signal(range(bk_max + 1))
-        full = Signal(range(bk_max * bld.max_width + 1))
-        dropped = Signal.like(full)
+        dropped = Signal(range(bk_max * bld.max_width + 1))
         book_step = Signal(range(9))
         with m.FSM(name="runner"):
             with m.State("IDLE"):
@@ -1203,16 +1220,26 @@ class SampleEngine(wiring.Component):
                 with m.Switch(ld):
                     for w in range(dataflow.HEADER_WORDS):
                         with m.Case(1 + w):
+                            wide = []
                             for name, (at, off, width) in dataflow.HEADER_FIELDS.items():
                                 if at == w and name == "kind":
                                     m.d.sync += s.load_kind(word[off:off + width])
                                 elif at == w:
                                     m.d.sync += s.header[name].eq(word[off:off + width])
+                                if at == w and name in ("outputs", "inputs"):
+                                    held = len(s.header[name])
+                                    wide.append(word[off + held:off + width] != 0)
+                            if wide:
+                                m.d.sync += s.header_wide.eq(Cat(*wide).any())
+                    B = dataflow.BOUND_BITS
                     for i in range(dataflow.BOUND_WORDS):
                         with m.Case(1 + dataflow.HEADER_WORDS + i):
-                            m.d.sync += s.bounds[2 * i].eq(word[:dataflow.BOUND_BITS])
-                            if 2 * i + 1 < LEVELS:
-                                m.d.sync += s.bounds[2 * i + 1].eq(word[dataflow.BOUND_BITS:])
+                            for half, level in enumerate((2 * i, 2 * i + 1)):
+                                if level < LEVELS:
+                                    bound = word[half * B:(half + 1) * B]
+                                    held = len(s.bounds[level])
+                                    m.d.sync += [s.bounds[level].eq(bound),
+                                                 s.bound_over[level].eq(bound[held:] != 0)]
                     for i, target in enumerate(targets):
                         if target is not None:
                             with m.Case(i + 1):
@@ -1223,7 +1250,7 @@ class SampleEngine(wiring.Component):
                     # the header is in: the end, a kind this core refuses, a layer to skip
                     with m.If(s.is_["end"]):
                         m.next = "FINISH"
-                    with m.Elif(~known):
+                    with m.Elif(~known | s.header_wide):
                         m.d.sync += s.fault.eq(1)
                         m.next = "FINISH"
                     with m.Elif(s.is_["select"] & ~booked):
@@ -1231,7 +1258,11 @@ class SampleEngine(wiring.Component):
                     with m.Elif(~runs):
                         m.next = "NEXT"
                 with m.If(ld == dataflow.PHASE_WORDS):
-                    m.next = "START"
+                    with m.If(s.bound_fault):
+                        m.d.sync += s.fault.eq(1)
+                        m.next = "FINISH"
+                    with m.Else():
+                        m.next = "START"
             with m.State("BOOK"):
                 # a layer's backward pass begins: the correction of the layer above, and
                 # its bulk skips: batch * N * K for each pass SLU leaves out, and
@@ -1246,8 +1277,12 @@ class SampleEngine(wiring.Component):
                 # (a, b) of each product, and what takes it when it is done; without the
                 # ssProp unit every channel is kept, so neither the keep count nor the
                 # dropped work is formed (dataflow.book_products)
+                # batch * N * K is counted as it is formed, once for each pass SLU leaves out
+                # (the input gradient's of layer 0 is never a pass)
+                full = mul.product
                 steps = [(s.K, self.batch, lambda: bk.eq(mul.product)),
-                         (bk, s.N, lambda: full.eq(mul.product))]
+                         (bk, s.N, lambda: s.count("skip_slu", Mux(wgrad, 0, full) + Mux(
+                             igrad | (s.layer == 0), 0, full)))]
                 if s.has_ssprop:
                     steps = ([(s.N, self.keep_q8, lambda: s.keep.eq(keep))] + steps
                              + [(bk, s.N - s.keep, lambda: dropped.eq(mul.product))])
@@ -1262,8 +1297,6 @@ class SampleEngine(wiring.Component):
                                 if i == len(steps) - 1:
                                     m.next = "BOOK3"
             with m.State("BOOK3"):
-                m.d.sync += [s.count("skip_slu", Mux(wgrad, 0, full) + Mux(igrad | (s.layer == 0),
-                                                                          0, full))]
                 if s.has_ssprop:
                     with m.If(wgrad | igrad):
                         m.d.sync += s.count("skip_ssprop",
