@@ -8,7 +8,9 @@ while busy is ignored; and the component converts to Verilog."""
 
 import numpy as np
 import pytest
+from amaranth import Module, Signal
 from amaranth.back import verilog
+from amaranth.hdl import ResetInserter
 
 from ember import program
 from ember.program import LEVELS, Nest
@@ -94,13 +96,18 @@ async def configure(ctx, dut, nest, limits):
     ctx.set(dut.cfg_en, 0)
 
 
-async def walk(ctx, dut, nest, limits, rng=None, stall=0.0, restart_at=None):
+async def walk(ctx, dut, nest, limits, rng=None, stall=0.0, restart_at=None,
+               configured=False):
     """Start a walk of `nest` and take its steps, each cycle with probability 1 - stall
     (advance low otherwise); a second start pulse at cycle `restart_at` (the walk must
-    ignore it). Returns the steps taken (addresses, first, last), the cycle (from the start
+    ignore it); `configured`: the step memories already hold the nest (start at once). Returns
+    the steps taken (addresses, first, last), the cycle (from the start
     cycle, 0) of each, the cycles with done high, and the fault ports at done. Asserts on the
     way: no address out of its memory is ever valid, busy holds until done."""
-    await configure(ctx, dut, nest, limits)
+    if configured:
+        set_ports(ctx, dut, nest, limits)
+    else:
+        await configure(ctx, dut, nest, limits)
     ctx.set(dut.start, 1)
     await ctx.tick()
     ctx.set(dut.start, 0)
@@ -371,3 +378,39 @@ def test_step_memories_ask_for_block_ram_only_when_told(block_ram):
     ECP5)."""
     text = verilog.convert(LoopNest(TWO, block_ram=block_ram), name="loopnest")
     assert text.count('ram_style = "block"') == (len(TWO) if block_ram else 0)
+
+
+def test_a_start_right_after_a_reset_waits_for_the_base():
+    """The engine aborts a walk with a ResetInserter, which clears the nest's registers but
+    not its step memories' read register (it held a delta in the abort cycle): a start in
+    the cycle after the reset is ignored, and one in the cycle after that walks from the
+    base (step 0 two cycles later, as always)."""
+    nest = Nest((1, 1, 1, 4, 3), {"a": 10, "b": 20},
+                {"a": (0, 0, 0, 1, 1), "b": (0, 0, 0, 2, 2)})
+    limits = {g: 1 << b for g, b in TWO.items()}
+    dut = LoopNest(TWO, levels=5)
+    abort = Signal()
+    top = Module()
+    top.submodules.nest = ResetInserter(abort)(dut)
+    seen = {}
+
+    async def bench(ctx):
+        await configure(ctx, dut, nest, limits)
+        ctx.set(dut.advance, 1)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+        await ctx.tick().repeat(5)                  # the walk runs: a delta is being read
+        assert ctx.get(dut.busy) and ctx.get(dut.valid)
+        ctx.set(abort, 1)
+        await ctx.tick()
+        ctx.set(abort, 0)
+        ctx.set(dut.start, 1)                       # the cycle after the reset: ignored
+        await ctx.tick()
+        seen["busy"] = ctx.get(dut.busy)
+        seen["walk"] = await walk(ctx, dut, nest, limits, configured=True)
+
+    run_testbench(top, bench)
+    assert seen["busy"] == 0
+    taken, at, done_at, result = seen["walk"]
+    assert taken == expected(nest) and at[0] == 2 and result["fault"] == 0

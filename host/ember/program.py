@@ -62,9 +62,11 @@ class Fault:
 
 @dataclass(frozen=True)
 class Packed:
-    """A nest as the gateware's configuration ports take it (LoopNest): `bound` with level i
-    at bits [i*BOUND_BITS, (i+1)*BOUND_BITS); per generator its base and its deltas, level i
-    at bits [i*w, (i+1)*w) with w = delta_bits(addr_bits), two's complement."""
+    """A nest as the gateware takes it (LoopNest with the default BOUND_BITS): `bound`, its
+    bound port, with level i at bits [i*BOUND_BITS, (i+1)*BOUND_BITS); per generator its
+    base and its deltas, level i at bits [i*w, (i+1)*w) with w = delta_bits(addr_bits), two's
+    complement: the words its step memories take through the cfg_* port (level i's delta
+    in slot i, the base in BASE_SLOT)."""
     bound: int
     bases: dict
     deltas: dict
@@ -216,8 +218,8 @@ class Nest:
         return None
 
     def pack(self, addr_bits, levels=LEVELS):
-        """The nest as the configuration ports of a LoopNest of `levels` levels take it (a
-        Packed); addr_bits: dict name -> the generator's address width. A nest of fewer
+        """The nest as a LoopNest of `levels` levels takes it (a Packed: its bound port and
+        its step memories' words); addr_bits: dict name -> the generator's address width. A nest of fewer
         levels is padded at the outer end with bound-1 levels; a level with bound 1 never
         advances, so its delta is packed as 0. Raises ConfigError for more levels than
         `levels`, a bound that does not fit BOUND_BITS, a base that does not fit its address

@@ -23,7 +23,9 @@ Ports (sync domain):
   limit_<g>:   In(addr_bits + 1) -- g's memory depth: a presented address is below it (and
                below 2**addr_bits). Holds still from `start` until `done`.
   addr_<g>:    Out(addr_bits) -- g's address of the presented step.
-  start:       In(1) -- begin a walk; ignored while busy.
+  start:       In(1) -- begin a walk; ignored while busy, and in the first cycle after a
+               reset (a ResetInserter's: the step memories' read register, which no reset
+               clears, may then hold a delta instead of the base).
   advance:     In(1) -- the consumer takes the presented step this cycle (meaningful while
                valid); low: everything holds (a stall).
   valid:       Out(1) -- a step is presented on addr_*, first, last.
@@ -153,8 +155,11 @@ class LoopNest(wiring.Component):
         take = Signal()     # the consumer takes the presented step
         final = Signal()    # the presented step is the walk's last
         move = Signal()     # the presented stage takes the next step (or faults on it)
+        # the step memories' read register holds the bases: the slot read last cycle was
+        # BASE_SLOT (not so in the cycle after a reset, which clears this flag)
+        base_ready = Signal()
         m.d.comb += [
-            load.eq(self.start & ~self.busy),
+            load.eq(self.start & ~self.busy & base_ready),
             take.eq(self.valid & self.advance),
             final.eq(self.last.all()),
             move.eq(self.busy & (~self.valid | (take & ~final))),
@@ -197,6 +202,7 @@ class LoopNest(wiring.Component):
         slot = Signal(range(D + 1))
         m.d.comb += slot.eq(Mux(runs_on, Mux(load | move, new_level, next_level),
                                 self.BASE_SLOT))
+        m.d.sync += base_ready.eq(~runs_on)
         word = {}
         for index, (g, a) in enumerate(self.generators.items()):
             bits = program.delta_bits(a)

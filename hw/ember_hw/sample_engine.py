@@ -95,7 +95,7 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   t + grad_sum_latency) and the sample blocks into the input's accumulator (one per input of
   the group); the block's dY word is read at the group's first input and held for the
   rest (spec.GRAD_HOLD) in the gradient memory's read register (its read enable is low
-  until the next group's first input). At the last s the update: SGD
+  except at the group's first input of each block). At the last s the update: SGD
   through the rounding shifter, or under PSG a first pass of the high bits' products (the
   prediction) and a second pass at full precision only where the prediction is not
   confident; the sign step. The second pass's first step waits for the group's decisions.
@@ -1329,6 +1329,9 @@ class SampleEngine(wiring.Component):
                 with m.If(s.select_done):
                     m.next = "DRAIN"
                 with m.If(s.fault):
+                    # a unit refused a step (the loss unit's write, the dX drain's entry):
+                    # the walk stops here too, as for a kept channel's address
+                    m.d.comb += s.abort.eq(1)
                     m.next = "DRAIN"
             with m.State("DRAIN"):
                 with m.If(~s.busy_units):
