@@ -263,6 +263,17 @@ def test_train_step_matches_the_executor_and_the_golden_model(seed, lanes):
     check_train_step(LANE_BUILDS[lanes], np.random.default_rng(200 + 10 * seed + lanes))
 
 
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+@pytest.mark.parametrize("seed", range(2))
+def test_train_step_without_ssprop_counts_its_kept_channels(seed, lanes):
+    """A build without the ssProp unit has no kept-list memory: the kept channel's j and
+    j * K are counted beside its index (SampleEngine.kept_list). Random networks, batches
+    and settings: the golden model's weights and every event, as with the list."""
+    build = dataclasses.replace(LANE_BUILDS[lanes], name=f"lanes{lanes}-dense",
+                                features=("zero_skip", "slu", "psg"))
+    check_train_step(build, np.random.default_rng(700 + 10 * seed + lanes))
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_program_runs_every_batch_up_to_the_one_it_was_compiled_for(seed):
     """One program serves a short batch (an epoch's last, or an evaluation's remainder): a

@@ -181,6 +181,9 @@ class SampleEngine(wiring.Component):
         self.build, self.tally, self.spram = build, tally, spram
         #: the fanout registers of this build's pipelines (ember.dataflow.Pipeline)
         self.pipe = dataflow.pipeline(build)
+        #: a kept-list memory only with the ssProp unit: without it every channel is kept, so
+        #: the kept channel c is j = c and its weight offset c * K, counted instead of read
+        self.kept_list = "ssprop" in build.features
         P = build.lanes
         self.logp = ceil_log2(P)
         self.weight_depth = build.weight_words * P
@@ -298,7 +301,9 @@ class SampleEngine(wiring.Component):
                                 self._bank_depth(self.label_bits, bld.max_batch))
         s.p_rd, s.p_wr = memory("pmem", unsigned(spec.LABEL_BITS), bld.max_batch)
         # the kept list: (j, j * K) of each kept channel of the current layer
-        s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits), bld.max_width)
+        if self.kept_list:
+            s.k_rd, s.k_wr = memory("kmem", unsigned(self.width_bits + self.w_bits),
+                                    bld.max_width)
         m.submodules.amem = s.amem = LaneMemory(P, self._bank_depth(self.a_bits, self.act_words),
                                                 spec.ACT_BITS,
                                                 write_stages=self.pipe.memory_write)
@@ -414,9 +419,23 @@ class SampleEngine(wiring.Component):
             m.d.sync += s.c_idx.eq(Mux(s.last[INNER], 0, s.c_idx + 1))
         with m.If(s.issue & s.gradish & s.last[1:].all()):
             m.d.sync += s.c_idx.eq(s.c_idx + 1)
-        m.d.comb += s.k_rd.addr.eq(s.c_idx)
-        s.kept_j = s.k_rd.data[:self.width_bits]
-        s.kept_jk = s.k_rd.data[self.width_bits:]
+        if self.kept_list:
+            m.d.comb += s.k_rd.addr.eq(s.c_idx)
+            s.kept_j = s.k_rd.data[:self.width_bits]
+            s.kept_jk = s.k_rd.data[self.width_bits:]
+        else:
+            # every channel kept: entry c of the list would be (c, c * K), read a cycle
+            # after c_idx is c; c * K is kept beside c_idx (wrapping at w_bits as the list's
+            # field does) and both are registered, as the memory's read would be
+            c_jk = Signal(self.w_bits)
+            with m.If(s.issue & s.is_["input_grad"]):
+                m.d.sync += c_jk.eq(Mux(s.last[INNER], 0, c_jk + s.K))
+            with m.If(s.issue & s.gradish & s.last[1:].all()):
+                m.d.sync += c_jk.eq(c_jk + s.K)
+            with m.If(s.phase_started):
+                m.d.sync += c_jk.eq(0)
+            s.kept_j, s.kept_jk = Signal(self.width_bits), Signal(self.w_bits)
+            m.d.sync += [s.kept_j.eq(s.c_idx), s.kept_jk.eq(c_jk)]
 
     def _live_samples(self, m, s):
         """The lanes of the presented step that hold samples of the batch (the batch
@@ -845,12 +864,14 @@ class SampleEngine(wiring.Component):
                 m.d.sync += [lj.eq(lj + 1), lj_valid.eq(lj < s.N)]
                 with m.If(lj_valid):
                     with m.If(kept_bit):
-                        m.d.comb += [s.k_wr.addr.eq(s.kept_count),
-                                     s.k_wr.data.eq(Cat((lj - 1)[:self.width_bits],
-                                                        jk[:self.w_bits])),
-                                     s.k_wr.en.eq(1)]
+                        if self.kept_list:
+                            m.d.comb += [s.k_wr.addr.eq(s.kept_count),
+                                         s.k_wr.data.eq(Cat((lj - 1)[:self.width_bits],
+                                                            jk[:self.w_bits])),
+                                         s.k_wr.en.eq(1)]
                         m.d.sync += s.kept_count.eq(s.kept_count + 1)
-                    m.d.sync += jk.eq(jk + s.K)
+                    if self.kept_list:
+                        m.d.sync += jk.eq(jk + s.K)
                 with m.If(~lj_valid & (lj > s.N)):
                     m.d.comb += s.select_done.eq(1)
                     m.next = "WALK"
