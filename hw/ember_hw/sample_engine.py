@@ -1293,8 +1293,6 @@ class SampleEngine(wiring.Component):
                              s.largest.eq(0), book_step.eq(0)]
                 m.next = "BOOK_MUL"
             with m.State("BOOK_MUL"):
-                keep_raw = mul.product[8:]
-                keep = Mux(self.keep_q8 >= spec.KEEP_ONE, s.N, Mux(keep_raw == 0, 1, keep_raw))
                 # (a, b) of each product, and what takes it when it is done; without the
                 # ssProp unit every channel is kept, so neither the keep count nor the
                 # dropped work is formed (dataflow.book_products)
@@ -1305,6 +1303,9 @@ class SampleEngine(wiring.Component):
                          (bk, s.N, lambda: s.count("skip_slu", Mux(wgrad, 0, full) + Mux(
                              igrad | (s.layer == 0), 0, full)))]
                 if s.has_ssprop:
+                    keep_raw = mul.product[8:]
+                    keep = Mux(self.keep_q8 >= spec.KEEP_ONE, s.N,
+                               Mux(keep_raw == 0, 1, keep_raw))
                     steps = ([(s.N, self.keep_q8, lambda: s.keep.eq(keep))] + steps
                              + [(bk, s.N - s.keep, lambda: dropped.eq(mul.product))])
                 with m.Switch(book_step):
