@@ -291,3 +291,35 @@ def test_every_counter_wraps_at_a_narrow_width():
 def test_needs_two_counters():
     with pytest.raises(ValueError):
         CounterFile({"one": 1})
+
+
+def test_a_counter_of_bound_zero_reads_zero_whatever_its_increment():
+    """A bound of 0 (an event of a unit the build does not have, spec.COUNTER_UNITS) has no
+    pre-counter: its increment input is ignored and it reads 0, while its neighbours in the
+    flush round count exactly, clears included."""
+    bounds = {"one": 1, "never": 0, "lanes": 8, "absent": 0}
+    rng = np.random.default_rng(7)
+    names = list(bounds)
+    live = {n: b for n, b in bounds.items() if b}
+
+    async def script(ctx, dut, model):
+        for round_ in range(12):
+            for _ in range(rng.integers(1, 30)):
+                amounts = random_amounts(rng, live)
+                count(ctx, dut, model, amounts)
+                for n in ("never", "absent"):
+                    ctx.set(getattr(dut.inc, n), 1)     # driven, but never counted
+                await ctx.tick()
+            await idle(ctx, dut, bounds)
+            for index, name in enumerate(names):
+                value, _ = await read(ctx, dut, index)
+                assert value == (model[name] if bounds[name] else 0), (round_, name)
+            if round_ == 5:
+                ctx.set(dut.clear, 1)
+                await ctx.tick()
+                ctx.set(dut.clear, 0)
+                for n in model:
+                    model[n] = 0
+
+    dut = run(bounds, script)
+    assert set(dut.pre_bits) == {"one", "lanes"}

@@ -114,6 +114,11 @@ COUNTERS = (
     "cycles_weight_grad",
     "cycles_update",
 )
+#: The unit (FEATURES) whose work a counter counts, for the counters that count nothing on a
+#: build without it: engine v2's counter file keeps no logic for them there (each reads 0).
+COUNTER_UNITS = {"mac_weight_grad_low": "psg", "skip_psg": "psg", "act_msb_reads": "psg",
+                 "grad_msb_lane_reads": "psg", "skip_ssprop": "ssprop",
+                 "data_reads": "resident"}
 CYCLE_COUNTERS = tuple(c for c in COUNTERS if c.startswith("cycles"))
 #: Counters every backend must agree on exactly.
 EXACT_COUNTERS = tuple(c for c in COUNTERS if c not in CYCLE_COUNTERS)

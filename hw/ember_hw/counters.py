@@ -41,6 +41,9 @@ taken value about 20%, the 48-bit adder about 15%. Pre-counters whose increment 
 bits wide count with plain LUT logic instead of an adder: on an iCE40 a carry chain that short
 costs a carry cell per bit and no fewer logic cells.
 
+A counter whose bound is 0 never counts (an event of a unit the build does not have): it
+has no pre-counter, and its word, rewritten from a taken value of 0, reads 0.
+
 Ports:
 
 - ``inc``: In(StructLayout) -- one field per counter name, as wide as its ``bounds`` entry
@@ -83,8 +86,9 @@ def _ripple_add(a, b):
 
 
 class CounterFile(wiring.Component):
-    """``bounds``: ordered {counter name: largest increment in one cycle}; the order is the
-    counter index of ``read_index``. ``width``: bits of each counter."""
+    """``bounds``: ordered {counter name: largest increment in one cycle, 0 for a counter
+    that never counts}; the order is the counter index of ``read_index``. ``width``: bits of
+    each counter."""
 
     def __init__(self, bounds, width=spec.COUNTER_BITS):
         self.names = tuple(bounds)
@@ -95,7 +99,7 @@ class CounterFile(wiring.Component):
         # a pre-counter restarts from one cycle's increment at its take and gets
         # len(bounds) - 1 more before the next one; wider than the counter is pointless
         self.pre_bits = {name: min(width, _width(bound * len(self.names)))
-                         for name, bound in self.bounds.items()}
+                         for name, bound in self.bounds.items() if bound}
         layout = data.StructLayout({name: _width(bound) for name, bound in self.bounds.items()})
         super().__init__({
             "inc": In(layout),
@@ -130,10 +134,12 @@ class CounterFile(wiring.Component):
 
         # step A: read word f, take pre-counter f (it restarts from this cycle's increment)
         m.d.comb += rd.addr.eq(Mux(fresh != 0, ZERO, f))
-        taken = Signal(max(self.pre_bits.values()))
+        taken = Signal(max(self.pre_bits.values(), default=1))
         taken_index = Signal(range(C))
         selected = 0
         for i, name in enumerate(self.names):
+            if name not in self.pre_bits:
+                continue                # never counts: its taken value is 0
             pre = Signal(self.pre_bits[name], name=f"pre_{name}")
             amount = getattr(self.inc, name)
             if len(amount) <= _RIPPLE_INC_BITS:

@@ -148,7 +148,8 @@ EVENTS = tuple(c for c in spec.EXACT_COUNTERS if not c.startswith("link_"))
 
 def event_bounds(build):
     """The most each event can grow by in one cycle (the width of its ``inc`` field and the
-    counter file's pre-counter bound)."""
+    counter file's pre-counter bound): 0 for an event of a unit the build does not have
+    (spec.COUNTER_UNITS), which the counter file then does not count."""
     P, bnk = build.lanes, build.max_batch * build.max_width * build.max_width
     bounds = dict.fromkeys(EVENTS, 1)
     bounds.update({name: P for name in (
@@ -159,6 +160,8 @@ def event_bounds(build):
                   grad_writes=build.drain_lanes, act_writes=build.drain_lanes,
                   loss_elements=build.max_width * build.drain_lanes,
                   skip_psg=P * build.max_batch, skip_slu=2 * bnk, skip_ssprop=2 * bnk)
+    bounds.update({name: 0 for name, unit in spec.COUNTER_UNITS.items()
+                   if name in bounds and unit not in build.features})
     return bounds
 
 
