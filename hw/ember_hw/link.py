@@ -67,9 +67,11 @@ class LinkBridge(wiring.Component):
                 which waits for ``ready`` byte by byte.
       bus:      the engine bus (ember_hw.bus.BusSignature), mastered one word at a time; the
                 strobe drops for at least one cycle between words. ``addr`` and ``w_data``
-                are meaningful only under a strobe (they are not zeroed in between); both
-                come from registers (``w_data`` from ``bus_word``, not from the frame
-                buffer's read port: every bus slave decodes it).
+                are meaningful only under a strobe (they are not zeroed in between). ``addr``
+                is a register; ``w_data`` is the frame buffer's read data, a block RAM's
+                output register, which holds the word through BUS (its address does not
+                change there): a copy in flip-flops would cost a logic cell a bit on the
+                iCE40.
       rx_bytes: one-cycle strobe per byte taken from ``rx`` (END and ESC included).
       tx_bytes: one-cycle strobe per byte sent on ``tx``.
       busy:     high from the first byte of a frame until its response has been sent (for a
@@ -107,7 +109,7 @@ class LinkBridge(wiring.Component):
             # Address and write data need only be valid under a strobe (ember_hw.bus); driving
             # them all the time saves a gate per bit.
             self.bus.addr.eq(f.addr),
-            self.bus.w_data.eq(f.bus_word),
+            self.bus.w_data.eq(f.buffer_r.data),
             self.rx_bytes.eq(self.rx.valid & self.rx.ready),
             self.tx_bytes.eq(self.tx.valid & self.tx.ready),
         ]
@@ -225,7 +227,6 @@ class LinkBridge(wiring.Component):
             data_ok = (f.lane == 0) & Mux(f.is_write, f.word_index == f.count,
                                           f.word_index == 0)
             m.d.sync += [f.word_index.eq(0), f.lane.eq(0)]
-            m.d.comb += f.read_at.eq(0)
             m.next = "OPEN"
             with m.If(f.too_long | short | (f.known_cmd & ~(count_ok & data_ok))):
                 m.d.sync += f.respond_error(status_code["bad_length"])
@@ -251,16 +252,14 @@ class LinkBridge(wiring.Component):
         word_bytes = protocol.WORD_BYTES
         bus = self.bus
         with m.State("FETCH"):
-            # Strobes low for a cycle; the buffer's read port presents word_index's word
-            # (read a cycle ahead: _Frame.read_at), which the bus then carries from a register.
-            m.d.sync += f.bus_word.eq(f.buffer_r.data)
+            # Strobes low for a cycle while the buffer's read port reads word_index's word,
+            # which it then holds for the bus through BUS.
             m.next = "BUS"
 
         with m.State("BUS"):
             m.d.comb += [
                 bus.w_stb.eq(f.is_write),
                 bus.r_stb.eq(~f.is_write),
-                f.read_at.eq(f.word_index + 1),
             ]
             with m.If(bus.err):
                 # addr stays on the failing word; words before it stay written (a command
@@ -409,13 +408,9 @@ class _Frame:
         self.header_index = Signal(range(header_bytes + 1), name="header_index")
         # frame buffer word: rx, execute, tx
         self.word_index = Signal(range(max_words + 1), name="word_index")
-        # The word on the bus, registered in FETCH (the buffer's output is a block RAM's, slow,
-        # and every bus slave decodes it). So that FETCH stays one cycle, the read port runs a
-        # word ahead of the bus: it reads word 0 in CHECK and the next word in BUS, elsewhere
-        # word_index (the response's READ data).
-        self.bus_word = Signal(spec.BUS_DATA_BITS, name="bus_word")
-        self.read_at = Signal.like(self.word_index, name="read_at")
-        m.d.comb += [self.read_at.eq(self.word_index), self.buffer_r.addr.eq(self.read_at)]
+        # the buffer's read port reads word_index's word: the bus's write data in BUS (read
+        # in FETCH), the response's READ data in SEND
+        m.d.comb += self.buffer_r.addr.eq(self.word_index)
         # byte within a word or address
         self.lane = Signal(range(max(word_bytes, protocol.ADDR_BYTES)), name="lane")
         self.crc = Signal(16, init=protocol.CRC_INIT, name="crc")
