@@ -359,3 +359,16 @@ def test_a_layer_as_wide_as_the_build_ends_its_kept_list():
     assert out["cycles"] <= dataflow.program_cycle_bound(phases, build, batch, settings)
     for got, want in zip(out["weights"], g.weights):
         assert (got == want).all()
+
+
+@pytest.mark.parametrize("build", [SPRAM_BUILD, ICE_UNITS_BUILD], ids=lambda b: b.name)
+def test_block_ram_accumulators_take_the_sum_written_in_their_read_cycle(build):
+    """A weight_spram build keeps the weight gradient's accumulators in a block RAM, read a
+    cycle ahead (SampleEngine._accumulator). Inputs 5 and 9 end in a group of one input,
+    whose accumulator is read in the cycle the block before writes it, for each of the
+    batch's 4 sample blocks: the written sum must be taken, not the memory's older word."""
+    rng = np.random.default_rng(41)
+    out = check_train_step(build, rng, batch=4 * build.lanes - 1, layers=[5, 9, 3],
+                           settings=spec.StepSettings(lr_shift=2))
+    assert out["events"]["weight_writes"] > 0
+

@@ -1113,13 +1113,14 @@ class SampleEngine(wiring.Component):
                                   self.pipe.grad_tree, signed(s.GACC), "wg_tree")
         # t + grad_sum_latency: the input's accumulator over the blocks, and its live MACs
         # (PSG's skips)
-        acc = Array(Signal(signed(s.GACC), name=f"wg_sum{i}") for i in range(R))
+        g_now = Signal(signed(s.GACC), name="wg_total")
+        m.d.comb += g_now.eq(Mux(summed["fb"], 0, self._accumulator(m, s, stages, g_now))
+                             + tree)
         macs = Array(Signal(range(2 * self.build.max_batch + 1), name=f"wg_macs{i}")
                      for i in range(R))
-        g_now = Mux(summed["fb"], 0, acc[summed["o"]]) + tree
         macs_now = Mux(summed["fb"], 0, macs[summed["o"]]) + summed["on"]
         with m.If(summed["valid"]):
-            m.d.sync += [acc[summed["o"]].eq(g_now), macs[summed["o"]].eq(macs_now)]
+            m.d.sync += macs[summed["o"]].eq(macs_now)
         # the end of a pass over the blocks of (j, k)
         with m.If(summed["valid"] & summed["lb"]):
             with m.If(s.is_["psg_max"]):
@@ -1139,6 +1140,39 @@ class SampleEngine(wiring.Component):
                 m.d.comb += [s.upd_start.eq(1), s.upd_addr.eq(summed["w"]), s.upd_value.eq(g_now),
                              s.upd_sure.eq(s.confident.bit_select(summed["o"], 1)),
                              s.upd_pred_negative.eq(s.pred_negative.bit_select(summed["o"], 1))]
+
+    def _accumulator(self, m, s, stages, g_now):
+        """The sum so far of the summed stage's input (its o, one of GRAD_HOLD accumulators)
+        over the blocks before this one; `g_now`, the sum with this block's, is written back
+        where the stage is valid.
+
+        On a build whose step memories are block RAM (the iCE40's, ``Build.weight_spram``) the
+        accumulators are the words of a block RAM, since GRAD_HOLD x GACC flip-flops loaded
+        from one adder each take a logic cell of their own. The word is read a cycle ahead,
+        at the stage before the sum's (the stages move every cycle, so that stage's o is the
+        summed stage's in the next cycle). A read of the word written in the same cycle (a
+        group of one input) takes the written sum from a register instead, since the block
+        RAM then answers with the word before the write. Other builds keep registers."""
+        R, summed = spec.GRAD_HOLD, stages[-1]
+        if not self.build.weight_spram:
+            acc = Array(Signal(signed(s.GACC), name=f"wg_sum{i}") for i in range(R))
+            with m.If(summed["valid"]):
+                m.d.sync += acc[summed["o"]].eq(g_now)
+            return acc[summed["o"]]
+        if len(stages) < 2:
+            raise ValueError("the weight gradient's accumulators in block RAM are read at "
+                             "the stage before the sum's")
+        before = stages[-2]
+        m.submodules.wg_acc = mem = Memory(shape=signed(s.GACC), depth=R, init=[],
+                                           attrs={"ram_style": "block"})
+        wr, rd = mem.write_port(), mem.read_port(transparent_for=())
+        m.d.comb += [rd.addr.eq(before["o"]), wr.addr.eq(summed["o"]), wr.data.eq(g_now),
+                     wr.en.eq(summed["valid"])]
+        written = Signal.like(g_now, name="wg_written", reset_less=True)
+        rewritten = Signal(name="wg_rewritten")
+        m.d.sync += [written.eq(g_now),
+                     rewritten.eq(summed["valid"] & (summed["o"] == before["o"]))]
+        return Mux(rewritten, written, rd.data)
 
     def _update_stall(self, m, s, update_step):
         """The single-port rule on a weight_spram build: a weight-gradient step that ends in
