@@ -160,16 +160,21 @@ def test_a_network_whose_program_does_not_fit_is_refused_before_it_is_written():
     with pytest.raises(spec.ConfigError, match=r"needs a program of 1191 words; build 'sim' "
                                                r"holds 1024"):
         spec.check_network([16] * 8, build, 13)
-    # the limit is the build's: the iCEBreaker's 512 words as v2 would run it hold digits'
-    # 64-32-10 (321 words) but not three 63-wide layers (669)
+    # the limit is the build's: the iCEBreaker's 512 words as v2 runs it hold digits'
+    # 64-32-10 (263 words) and, with no PSG unit (no psg_max phases), its largest networks
+    # (three 63-wide layers, 495); with the PSG unit those would need 669
     ice = dataclasses.replace(spec.BUILDS["icebreaker"], dataflow="samples",
                               weight_words=spec.SPRAM_WORDS // spec.BUILDS["icebreaker"].lanes)
-    assert ice.program_words == 512
+    assert ice.program_words == 512 and "psg" not in ice.features
     spec.check_network([64, 32, 10], ice)
-    assert dataflow.program_words_needed([64, 32, 10], ice) == 321
+    assert dataflow.program_words_needed([64, 32, 10], ice) == 263
+    spec.check_network([63, 63, 63, 64], ice, 3)
+    assert dataflow.program_words_needed([63, 63, 63, 64], ice) == 495
+    ice_psg = dataclasses.replace(ice, features=ice.features + ("psg",))
+    assert dataflow.program_words_needed([64, 32, 10], ice_psg) == 321
     with pytest.raises(spec.ConfigError, match=r"needs a program of 669 words; build "
                                                r"'icebreaker' holds 512"):
-        spec.check_network([63, 63, 63, 10], ice, 3)
+        spec.check_network([63, 63, 63, 10], ice_psg, 3)
 
 
 def _v2_builds():
@@ -202,7 +207,8 @@ def test_compiled_bounds_fit_the_cores_counters(build):
             shifts = [spec.HIDDEN_SHIFT] * (depth - 1) + [spec.OUTPUT_SHIFT]
             for b in {1, batch}:
                 for phases in (dataflow.infer_program(layers(width), build, b, shifts),
-                               dataflow.train_program(layers(width), build, b, shifts, True)):
+                               dataflow.train_program(layers(width), build, b, shifts,
+                                                      "psg" in build.features)):
                     for ph in phases:
                         assert max(ph.bounds) <= top, (layers(width), b, ph.kind, ph.bounds)
                         seen = max(seen, max(ph.bounds))

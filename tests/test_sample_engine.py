@@ -372,3 +372,38 @@ def test_block_ram_accumulators_take_the_sum_written_in_their_read_cycle(build):
                            settings=spec.StepSettings(lr_shift=2))
     assert out["events"]["weight_writes"] > 0
 
+
+def test_a_psg_phase_faults_on_a_build_without_the_psg_unit():
+    """A build without PSG runs no psg_max phase (dataflow.build_kinds): a train program with
+    them (relative PSG's, compiled for the same sizes with the unit, since the compiler
+    refuses it without) is refused by verify at the first, as a kind the build does not
+    run, and the core faults there before any weight is written, as at an unknown kind."""
+    build, layers, batch = ICE_UNITS_BUILD, [6, 5, 4], 4
+    rng = np.random.default_rng(11)
+    weights = [rng.integers(-999, 999, (n, k)).astype(np.int16)
+               for k, n in zip(layers[:-1], layers[1:])]
+    x, y = rng.integers(0, 256, (batch, layers[0])), rng.integers(0, layers[-1], batch)
+    shifts = [spec.HIDDEN_SHIFT, spec.OUTPUT_SHIFT]
+    with pytest.raises(spec.ConfigError, match="relative PSG needs the psg unit"):
+        dataflow.train_program(layers, build, batch, shifts, True)
+    phases = dataflow.train_program(layers, SPRAM_BUILD, batch, shifts, True)
+    first_psg = [ph.kind for ph in phases].index("psg_max")
+    words = dataflow.encode(phases, build)
+    assert dataflow.verify(words, SPRAM_BUILD) is None
+    index, check, reason = dataflow.verify_verdict(words, build)
+    assert (index, check) == (first_psg, "kind"), reason
+    assert f"kind {dataflow.KINDS['psg_max']} is not one of" in reason
+    dut = SampleEngine(build, spram=False)
+    out = {}
+
+    async def bench(ctx):
+        out["weights"], out["events"], _, _ = await load_and_run(
+            ctx, dut, words, layers, weights, batch, x, build, y=y,
+            settings=spec.StepSettings(lr_shift=2))
+        out["fault"] = ctx.get(dut.fault)
+
+    run_testbench(dut, bench)
+    assert out["fault"]
+    assert out["events"]["mac_forward"] > 0 and out["events"]["weight_writes"] == 0
+    for got, want in zip(out["weights"], weights):
+        assert (got == want).all()

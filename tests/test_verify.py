@@ -27,13 +27,13 @@ def shifts_for(layers):
 
 
 def compiled_programs(rng, build, cases):
-    """(what, words) of random networks' infer and train programs (PSG relative and not) on
-    `build`, as tests/test_sample_engine.py's random_case draws them; a program longer than
-    the program memory, which encode refuses, is left out."""
+    """(what, words) of random networks' infer and train programs (PSG relative and not, on
+    a build with the PSG unit) on `build`, as tests/test_sample_engine.py's random_case draws
+    them; a program longer than the program memory, which encode refuses, is left out."""
     for _ in range(cases):
         layers, batch, _, shifts, _ = random_case(rng, build)
         programs = {"infer": dataflow.infer_program(layers, build, batch, shifts)}
-        for relative in (False, True):
+        for relative in (False, True)[:2 if "psg" in build.features else 1]:
             programs["train", relative] = dataflow.train_program(layers, build, batch, shifts,
                                                                  psg_relative=relative)
         for kind, phases in programs.items():
@@ -74,7 +74,7 @@ def test_the_largest_networks_that_fit_verify(lanes):
                     continue
                 if train:
                     phases = dataflow.train_program(layers, build, batch, shifts_for(layers),
-                                                    psg_relative=True)
+                                                    psg_relative="psg" in build.features)
                 else:
                     phases = dataflow.infer_program(layers, build, batch, shifts_for(layers))
                 words = dataflow.encode(phases, build)

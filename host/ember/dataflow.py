@@ -169,10 +169,12 @@ def check_fits(layers, build, batch, train=True):
 
 def program_words_needed(layers, build, batch=None):
     """The program memory words of the largest program the host compiles for `layers` (a
-    train program with relative PSG's phases). The same for every batch: a program's phases
-    do not depend on it (`batch` is accepted for the callers that name one)."""
+    train program with relative PSG's phases, on a build with the PSG unit). The same for
+    every batch: a program's phases do not depend on it (`batch` is accepted for the
+    callers that name one)."""
     shifts = [0] * (len(layers) - 1)
-    phases = len(_train_phases(layers, build, 1, shifts, psg_relative=True))
+    phases = len(_train_phases(layers, build, 1, shifts,
+                               psg_relative="psg_max" in build_kinds(build)))
     return phases * PHASE_WORDS + HEADER_WORDS
 
 
@@ -231,8 +233,11 @@ def train_program(layers, build, batch, shifts, psg_relative=False):
     the layer below, and the weight gradient with the update (PSG's relative threshold
     first finds the layer's largest prediction: psg_max). Which backward phases run is
     decided at run time from the SLU mask (BACKWARD_KINDS); the channel level's bound is
-    the kept count."""
+    the kept count. Relative PSG needs the PSG unit (the psg_max phase: build_kinds)."""
     check_fits(layers, build, batch)
+    if psg_relative and "psg_max" not in build_kinds(build):
+        raise spec.ConfigError(f"relative PSG needs the psg unit; build '{build.name}' has "
+                               f"{', '.join(build.features) or 'no units'}")
     return _train_phases(layers, build, batch, shifts, psg_relative)
 
 
@@ -632,6 +637,14 @@ def decode(words):
 KIND_NAMES = {code: name for name, code in KINDS.items()}
 
 
+def build_kinds(build):
+    """The phase kinds (name -> code, KINDS' order) that `build`'s core runs: psg_max only
+    with the PSG unit. The core faults at any other kind as at an unknown one, and verify
+    refuses it, so a build without PSG keeps no logic for the predictor's operands."""
+    return {name: code for name, code in KINDS.items()
+            if name != "psg_max" or "psg" in build.features}
+
+
 def _header(words, at):
     """The header fields of the phase at word `at` (the kind as its code)."""
     head = words[at:at + HEADER_WORDS]
@@ -880,9 +893,10 @@ def verify_verdict(words, build, base=0):
         fields = _header(words, at)
         code = fields.pop("kind")
         kind = KIND_NAMES.get(code)
-        if kind is None:
+        if kind not in build_kinds(build):
             return index, "kind", (f"phase {index}: kind {code} is not one of "
-                                   f"{sorted(KINDS.values())}")
+                                   f"{sorted(build_kinds(build).values())}, the kinds build "
+                                   f"'{build.name}' runs")
         if kind == "end":
             return None
         if at + PHASE_WORDS > end:

@@ -135,7 +135,7 @@ class ProgramCheck(wiring.Component):
         kind_known = Signal()
         m.d.comb += kind_known.eq(0)
         with m.Switch(kind_field):
-            for code in dataflow.KIND_NAMES:
+            for code in dataflow.build_kinds(bld).values():
                 with m.Case(code):
                     m.d.comb += kind_known.eq(1)
         is_kept = Signal()

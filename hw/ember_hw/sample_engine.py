@@ -368,10 +368,13 @@ class SampleEngine(wiring.Component):
         s.bounds = [Signal(dataflow.bound_bits(bld), name=f"bound{i}") for i in range(LEVELS)]
         s.bound_over = Signal(LEVELS)
         # the kind decoded as it is loaded (one register per kind, loaded with s.kind by
-        # s.load_kind), not from s.kind: every phase's control starts from these flags
-        kinds = dataflow.KINDS
+        # s.load_kind), not from s.kind: every phase's control starts from these flags. A
+        # kind the build does not run (dataflow.build_kinds) is never set: its phase faults
+        # as an unknown kind's, and its logic is left out
+        kinds = dataflow.build_kinds(bld)
         s.is_ = {name: Signal(name=f"is_{name}", init=code == s.kind.init)
                  for name, code in kinds.items()}
+        s.is_.update({name: Const(0) for name in dataflow.KINDS if name not in kinds})
         s.load_kind = lambda value: [s.kind.eq(value)] + [s.is_[name].eq(value == code)
                                                            for name, code in kinds.items()]
         s.forwardish = s.is_["forward"] | s.is_["logits"]
@@ -1255,7 +1258,7 @@ class SampleEngine(wiring.Component):
         runs = Const(1)
         for kind, needs in dataflow.BACKWARD_KINDS.items():
             runs = Mux(s.is_[kind], Cat(*[need[n] for n in needs]).any(), runs)
-        known = Cat(*[s.is_[k] for k in dataflow.KINDS if k != "end"]).any()
+        known = Cat(*[s.is_[k] for k in dataflow.build_kinds(bld) if k != "end"]).any()
         # the layer's bulk skips (SLU, ssProp), counted at its select phase, and the ssProp
         # keep count: products of two signals, on a serial multiplier (ember_hw.serial_mul)
         bk_max = bld.max_batch * bld.max_width
