@@ -178,7 +178,9 @@ class SoftmaxGradUnit(wiring.Component):
         table = Array(Const(v, EXP2_BITS) for v in EXP2_TABLE)
         shift_bits = (EXP2_BITS - 1).bit_length()
         exp2 = Signal(EXP2_BITS)
-        m.d.sync += exp2.eq(Mux(whole < EXP2_BITS, table[fraction] >> whole[:shift_bits], 0))
+        # whole < EXP2_BITS (a power of two) as its high bits, not a comparator's carry chain
+        m.d.sync += exp2.eq(Mux(whole[shift_bits:] == 0, table[fraction] >> whole[:shift_bits],
+                                0))
 
         # Stage 4, pass 2: S += e.
         exp_sum = Signal(range(self.max_classes * EXP2_ONE + 1))
@@ -195,11 +197,14 @@ class SoftmaxGradUnit(wiring.Component):
         ]
         with m.If(s4_pass == _Pass.GRAD):
             m.d.sync += grad_index.eq(grad_index + 1)
+        # p is at most EXP2_ONE = 2**OUT_GRAD_FRAC_BITS, so g lies in -2**15 .. 2**15 and
+        # saturates only at its two ends: equalities, not two comparators' carry chains
+        assert EXP2_ONE == 1 << OUT_GRAD_FRAC_BITS == GRAD_LIMIT + 1
         m.d.sync += [
             self.wr_en.eq(s4_pass == _Pass.GRAD),
             self.wr_addr.eq(grad_index),
-            self.wr_data.eq(Mux(grad > GRAD_LIMIT, GRAD_LIMIT,
-                                Mux(grad < -GRAD_LIMIT, -GRAD_LIMIT, grad))),
+            self.wr_data.eq(Mux(grad == GRAD_LIMIT + 1, GRAD_LIMIT,
+                                Mux(grad == -GRAD_LIMIT - 1, -GRAD_LIMIT, grad))),
         ]
 
         # Restoring divider, r = floor(2**RECIP_BITS / S): one quotient bit per cycle while
@@ -207,11 +212,13 @@ class SoftmaxGradUnit(wiring.Component):
         remainder = Signal(range(self.max_classes * EXP2_ONE))
         shifted = Signal(len(remainder) + 1)
         divider_steps = Signal(range(DIVIDER_STEPS + 1))
-        m.d.comb += shifted.eq(remainder << 1)
+        # one subtractor: the difference's sign is the compare (shifted >= S)
+        difference = Signal(signed(len(shifted) + 1))
+        m.d.comb += [shifted.eq(remainder << 1), difference.eq(shifted - exp_sum)]
         with m.If(divider_steps != 0):
             m.d.sync += divider_steps.eq(divider_steps - 1)
-            with m.If(shifted >= exp_sum):
-                m.d.sync += remainder.eq(shifted - exp_sum), recip.eq((recip << 1) | 1)
+            with m.If(difference >= 0):
+                m.d.sync += remainder.eq(difference), recip.eq((recip << 1) | 1)
             with m.Else():
                 m.d.sync += remainder.eq(shifted), recip.eq(recip << 1)
 
