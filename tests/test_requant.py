@@ -3,7 +3,9 @@ engine's RoundingShifter, against the golden model's input-gradient step: the ba
 max(0, bit_length(max |dX|) - 15) and saturate_grad(round_shift(dx, shift)), for batches whose
 largest magnitude needs every scale 0..DX_SHIFT_MAX, the most negative dX included; one entry
 a cycle (engine v1, v2 at 8 lanes or fewer) and four (v2's dX drain at 32 lanes), where the
-entries not tracked in a cycle hold values larger than the batch's, which must not count."""
+entries not tracked in a cycle hold values larger than the batch's, which must not count; the
+shifters' results registered before the saturation or not (round_output: the wide and the
+narrow pipeline, ember.dataflow.Pipeline), with dY that many cycles after them."""
 
 import numpy as np
 import pytest
@@ -34,10 +36,16 @@ def batches():
     return out
 
 
+def test_the_output_register_is_one_or_none():
+    with pytest.raises(ValueError, match="not 2 times"):
+        DxRequantizer(1, round_output=2)
+
+
+@pytest.mark.parametrize("round_output", [1, 0])
 @pytest.mark.parametrize("entries", [1, 4])
-def test_requantizer_matches_golden(entries):
+def test_requantizer_matches_golden(entries, round_output):
     m = Module()
-    m.submodules.rq = rq = DxRequantizer(entries)
+    m.submodules.rq = rq = DxRequantizer(entries, round_output=round_output)
     shifters = []
     for i in range(entries):            # a shifter per entry, as the engine's requant phase
         m.submodules[f"shifter{i}"] = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
@@ -66,15 +74,16 @@ def test_requantizer_matches_golden(entries):
             ctx.set(rq.latch, 0)
             shift = ctx.get(rq.shift)
             dy = []
-            # `entries` entries a cycle into the shifters; dy three cycles after they are
-            # taken
+            # `entries` entries a cycle into the shifters; dy 2 + round_output cycles after
+            # they are taken (the shifter's two stages, the register)
+            latency = 2 + round_output
             queue = [int(v) for v in dx]
-            queue += [0] * (-len(queue) % entries + 3 * entries)
+            queue += [0] * (-len(queue) % entries + latency * entries)
             for n, at in enumerate(range(0, len(queue), entries)):
                 for shifter, v in zip(shifters, queue[at:at + entries]):
                     ctx.set(shifter.en, 1)
                     ctx.set(shifter.value, v)
-                if n >= 3:
+                if n >= latency:
                     dy.extend(ctx.get(rq.dy[i]) for i in range(entries))
                 await ctx.tick()
             for shifter in shifters:

@@ -2,14 +2,16 @@
 simulator, with the engine's RoundingShifter and a snapshot of P sums in the testbench, against
 golden.requantize: hidden layers write ReLU-saturated bytes, the output layer saturated logits,
 only the lanes that hold outputs, one lane per cycle or a group of 2 or 4 (a shifter per lane
-of a group), with the timing of its docstring."""
+of a group), with the shifters' results registered before the saturation or not
+(round_output: the wide and the narrow pipeline, ember.dataflow.Pipeline), with the timing of
+its docstring."""
 
 import numpy as np
 import pytest
 from amaranth import Module
 from amaranth.sim import Simulator
 
-from ember import golden, spec
+from ember import dataflow, golden, spec
 from ember_hw.arith import RoundingShifter
 from ember_hw.writeback import ForwardWriteback
 
@@ -17,10 +19,11 @@ P = 4
 VALUE_BITS = 30
 
 
-def harness(drain):
+def harness(drain, round_output=1):
     m = Module()
     m.submodules.wb = wb = ForwardWriteback(P, VALUE_BITS, act_addr_bits=10, grad_addr_bits=6,
-                                            shift_bits=5, drain=drain)
+                                            shift_bits=5, drain=drain,
+                                            round_output=round_output)
     shifters = []
     for i in range(drain):
         m.submodules[f"shifter{i}"] = shifter = RoundingShifter(VALUE_BITS, spec.SHIFT_MAX)
@@ -39,11 +42,14 @@ def lanes_of(value, bits, mask, first):
 def test_a_group_divides_the_lanes():
     with pytest.raises(ValueError, match="divides the 4 lanes"):
         ForwardWriteback(P, VALUE_BITS, 10, 6, 5, drain=3)
+    with pytest.raises(ValueError, match="not 2 times"):
+        ForwardWriteback(P, VALUE_BITS, 10, 6, 5, round_output=2)
 
 
+@pytest.mark.parametrize("round_output", [1, 0])
 @pytest.mark.parametrize("drain", [1, 2, 4])
 @pytest.mark.parametrize("last", [False, True])
-def test_writeback_requantizes_like_golden(last, drain):
+def test_writeback_requantizes_like_golden(last, drain, round_output):
     D, G = drain, P // drain
     rng = np.random.default_rng(int(last))
     lo, hi = -(1 << (VALUE_BITS - 1)) + 1, (1 << (VALUE_BITS - 1)) - 1
@@ -54,7 +60,7 @@ def test_writeback_requantizes_like_golden(last, drain):
         sums[1] = -(1 << (shift + 3))
         lanes_on = int(rng.integers(1, 1 << P))
         blocks.append((sums, shift, lanes_on, int(rng.integers(0, 900)), int(rng.integers(0, 60))))
-    m, wb, shifters = harness(drain)
+    m, wb, shifters = harness(drain, round_output)
     writes, timing = [], []
 
     async def bench(ctx):
@@ -113,7 +119,13 @@ def test_writeback_requantizes_like_golden(last, drain):
                 want.append(("grad", word, i, int(y[i]) & 0xFFFF) if last
                             else ("act", act_addr + i, int(y[i])))
     assert writes == want, (writes, want, blocks)
+    R = round_output
+    # the spacing the engine and the cycle bounds take (Pipeline.writeback_gap)
+    gap = dataflow.Pipeline(gate=0, broadcast=0, memory_write=0, grad_tree=0,
+                            round_output=R).writeback_gap
     for (takes, written, span), (_, _, lanes_on, _, _) in zip(timing, blocks):
         assert takes == [2 + g for g in range(G)]
-        assert written == [5 + g for g in range(G) if lanes_on >> (g * D) & ((1 << D) - 1)]
-        assert span == G + 6          # busy from s + 1 to s + G + 4, seen low in s + G + 5
+        assert written == [4 + R + g for g in range(G)
+                           if lanes_on >> (g * D) & ((1 << D) - 1)]
+        # busy from s + 1 to s + G + 3 + R, seen low in s + G + 4 + R
+        assert span == G + 5 + R == G + gap + 1

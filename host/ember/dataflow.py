@@ -352,11 +352,19 @@ class Pipeline:
                   (ember_hw.arith.pipelined_tree_sum): 32 products into one sum in one cycle
                   do not route at 30 MHz on the ULX3S build; with 0 the lanes' products are
                   summed into the accumulator in the cycle they arrive.
+    round_output: registers after the rounding shifters' outputs, before the saturation, in
+                  the forward writeback (ember_hw.writeback) and the dX requantizer
+                  (ember_hw.requant): 0 or 1. With 0 a shifter's result is saturated and
+                  written in the cycle it comes out, so the writeback unit's blocks
+                  (writeback_gap) and the requant phase's drain are a cycle shorter; on the
+                  UP5K each bit of the two 33-bit registers took a logic cell of its own
+                  (docs/boards.md, session 25).
     """
     gate: int
     broadcast: int
     memory_write: int
     grad_tree: int
+    round_output: int
 
     @property
     def snap_latency(self):
@@ -371,9 +379,25 @@ class Pipeline:
         activation read, the dY read, the operand and product registers, then the tree."""
         return 4 + self.grad_tree
 
+    @property
+    def writeback_gap(self):
+        """The forward writeback unit (ember_hw.writeback) takes a block's sums every P / D +
+        this many cycles (D = Build.drain_lanes; busy P / D + writeback_gap - 1 cycles after
+        each hand-over): the hand-over's cycle and the unit's first, the P / D takes, then
+        the shifters' two stages and the round_output registers, the last of which writes.
+        So a group's last step waits that long after the last group's (whatever the
+        pipeline's latency: both snapshots are as late)."""
+        return 4 + self.round_output
 
-WIDE = Pipeline(gate=1, broadcast=1, memory_write=1, grad_tree=2)
-NARROW = Pipeline(gate=0, broadcast=0, memory_write=0, grad_tree=0)
+    @property
+    def requant_latency(self):
+        """Cycles from a requant step to its write of dY: the scratch read, the shifters'
+        two stages and the round_output registers, the last of which writes."""
+        return 3 + self.round_output
+
+
+WIDE = Pipeline(gate=1, broadcast=1, memory_write=1, grad_tree=2, round_output=1)
+NARROW = Pipeline(gate=0, broadcast=0, memory_write=0, grad_tree=0, round_output=0)
 
 
 def pipeline(build):
@@ -381,11 +405,6 @@ def pipeline(build):
     return WIDE if build.lanes >= FANOUT_LANES else NARROW
 
 
-#: The forward writeback unit (ember_hw.writeback) takes a block's sums every P / D + this
-#: many cycles (busy P / D + 4 cycles after each; D = Build.drain_lanes), so a group's last
-#: step waits that long after the last group's (whatever the pipeline's latency: both
-#: snapshots are as late).
-WRITEBACK_GAP = 5
 #: Registered levels of the select phase's sum of the live lanes' |dY| (ssProp's scores).
 SCORE_TREE_STAGES = 2
 #: Cycles from the weight gradient's sum of a (j, k) to the update unit's write of W[j, k]
@@ -398,14 +417,16 @@ UPDATE_WRITE_DISTANCE = spec.GRAD_HOLD
 #: The update reads W[j, k] this many cycles before the sum of its gradient is done.
 UPDATE_READ_LEAD = UPDATE_WRITE_DISTANCE - UPDATE_WRITE_LATENCY
 #: Cycles from a phase's last step to the end of its drain, per kind, for P / D groups of D =
-#: Build.drain_lanes lanes and the build's Pipeline: the pipeline's stages, and the forward writeback's P / D + 4 busy
-#: cycles after the snapshot, the dX drain's P / D cycles, the update's three stages after
-#: the weight gradient's sum.
-_DRAIN = {"forward": lambda G, p: p.snap_latency + G + 5,
-          "logits": lambda G, p: p.snap_latency + G + 5,
+#: Build.drain_lanes lanes and the build's Pipeline: the pipeline's stages, and the forward
+#: writeback's P / D + writeback_gap - 1 busy cycles after the snapshot, the dX drain's P / D
+#: cycles, the requant phase's requant_latency, the update's three stages after the weight
+#: gradient's sum.
+_DRAIN = {"forward": lambda G, p: p.snap_latency + G + p.writeback_gap,
+          "logits": lambda G, p: p.snap_latency + G + p.writeback_gap,
           "argmax": lambda G, p: 3, "loss": lambda G, p: 3,
           "select": lambda G, p: 3 + SCORE_TREE_STAGES,
-          "input_grad": lambda G, p: p.snap_latency + G + 2, "requant": lambda G, p: 5,
+          "input_grad": lambda G, p: p.snap_latency + G + 2,
+          "requant": lambda G, p: p.requant_latency + 1,
           "weight_grad": lambda G, p: p.grad_sum_latency + UPDATE_WRITE_LATENCY + 1,
           "psg_max": lambda G, p: p.grad_sum_latency + 1}
 
@@ -493,9 +514,10 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
 
     Per kind, P lanes, n_i the nest's effective bounds, steps their product, and G the steps
     over the innermost bound n_inner (the groups that end in a snapshot or a drain):
-      forward, logits: a group's last step waits for the writeback unit, busy P / D + 4
-                       cycles after each snapshot (D = Build.drain_lanes lanes a cycle):
-                       n_inner + (G - 1) * max(n_inner, P / D + WRITEBACK_GAP);
+      forward, logits: a group's last step waits for the writeback unit, busy P / D +
+                       writeback_gap - 1 cycles after each snapshot (D = Build.drain_lanes
+                       lanes a cycle; Pipeline.writeback_gap):
+                       n_inner + (G - 1) * max(n_inner, P / D + writeback_gap);
       input_grad:      the same with the dX drain's P / D cycles: max(n_inner, P / D + 1);
       loss:            a step per D samples (D loss units in lockstep, one sample in each
                        lane block of P / D lanes), each the softmax-gradient unit's 3N + 23
@@ -510,6 +532,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     """
     P = build.lanes
     groups_drained = P // build.drain_lanes
+    pipe = pipeline(build)
     kind = ph.kind
     passes, kept = 2, ph.outputs
     if settings is not None:
@@ -527,7 +550,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     inner = bounds[INNER]
     groups = steps // inner if inner else 0
     if kind in ("forward", "logits"):
-        run = inner + (groups - 1) * max(inner, groups_drained + WRITEBACK_GAP)
+        run = inner + (groups - 1) * max(inner, groups_drained + pipe.writeback_gap)
     elif kind == "input_grad":
         run = inner + (groups - 1) * max(inner, groups_drained + 1)
     elif kind == "loss":
@@ -538,7 +561,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
         D = lane_step(kind, build)
         run = (steps // walked) * (live * (3 * ph.outputs + 23 + 3 + D) + walked - live)
     elif kind == "weight_grad":
-        wait = pipeline(build).grad_sum_latency + 1
+        wait = pipe.grad_sum_latency + 1
         run = steps + (wait * bounds[0] * bounds[1] if passes == 2 else 0)
         run += _update_stalls(bounds, build, bounds[PASS_LEVEL])
     else:
@@ -546,7 +569,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
     if kind == "select":
         run += (HEADER_ONLY_CYCLES + _book_cycles(build)
                 + _selector_cycles(build, batch, ph.outputs, settings) + ph.outputs + 2)
-    return PHASE_OVERHEAD + run + _DRAIN[kind](groups_drained, pipeline(build))
+    return PHASE_OVERHEAD + run + _DRAIN[kind](groups_drained, pipe)
 
 
 def program_cycle_bound(phases, build, batch, settings=None):

@@ -16,7 +16,9 @@ saturates as many a cycle after as many shifters (the v2 engine's requant phase)
 The sequencer owns the loop: it reads the scratch entries in order, feeds them to the shifter
 with ``shift`` and writes ``dy`` to the gradient memory.
 
-`DxRequantizer(entries=1)`. Ports (sync domain):
+`DxRequantizer(entries=1, round_output=1)`; R = round_output, the registers between the
+shifters' results and the saturation (0 or 1: ember.dataflow.Pipeline.round_output).
+Ports (sync domain):
   clear:    In(1) -- the OR of |dX| to 0 (a new layer's pass).
   track:    In(entries), dx: In(signed(DX_BITS)).array(entries) -- entry i of the pass where
             track[i] is set; the OR of |dX| takes it at the end of the cycle.
@@ -25,7 +27,8 @@ with ``shift`` and writes ``dy`` to the gradient memory.
   shift:    Out(range(DX_SHIFT_MAX + 1)).
   rounded:  In(signed(DX_BITS + 1)).array(entries) -- round_shift(entry i, shift), from
             shifter i.
-  dy:       Out(signed(GRAD_BITS)).array(entries) -- the next cycle: saturate_grad of each.
+  dy:       Out(signed(GRAD_BITS)).array(entries) -- R cycles later (the next cycle, or
+            the same with R = 0): saturate_grad of each.
 """
 
 from amaranth import Module, Mux, Signal, signed
@@ -40,8 +43,11 @@ from .arith import clamp_symmetric
 class DxRequantizer(wiring.Component):
     """The batch scale of dX and the saturation to dY (module docstring)."""
 
-    def __init__(self, entries=1):
-        self.entries = entries
+    def __init__(self, entries=1, round_output=1):
+        if round_output not in (0, 1):
+            raise ValueError(f"the requantizer registers the shifters' results once or not "
+                             f"at all, not {round_output} times")
+        self.entries, self.round_output = entries, round_output
         super().__init__({
             "clear": In(1),
             "track": In(entries),
@@ -73,8 +79,10 @@ class DxRequantizer(wiring.Component):
         with m.If(self.latch):
             m.d.sync += shift.eq(Mux(length > magnitude_bits, length - magnitude_bits, 0))
         m.d.comb += self.shift.eq(shift)
+        # round_output: a register before the saturation, or the shifter's result itself
+        value_domain = "sync" if self.round_output else "comb"
         for i in range(self.entries):
             value = Signal(signed(spec.DX_BITS + 1), name=f"value{i}")
-            m.d.sync += value.eq(self.rounded[i])
+            m.d[value_domain] += value.eq(self.rounded[i])
             m.d.comb += self.dy[i].eq(clamp_symmetric(value, spec.GRAD_BITS))
         return m

@@ -73,7 +73,8 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   the lanes), t+2+G+B gives it to every lane with its own activation; t+4+G+B accumulates;
   at the last k, t+5+G+B (snap_latency) snapshots the sums and the writeback unit
   requantizes them D = spec.Build.drain_lanes lanes a cycle. A step with the last k waits
-  until the writeback unit is free when its sums arrive (P / D + WRITEBACK_GAP cycles apart).
+  until the writeback unit is free when its sums arrive (P / D + Pipeline.writeback_gap
+  cycles apart: a cycle less without the round_output register).
 - argmax (s, lane, class n): the first maximum of each sample's logits into the predictions.
 - loss (s, lane t of each lane block): Build.drain_lanes (D) softmax-gradient units
   (ember_hw.loss) in lockstep, unit i on sample o + i P/D's logits in place (_loss).
@@ -88,7 +89,9 @@ first, each nest padded with bound-1 levels at the outer end to ember.dataflow.L
   cycle into its D banks, and tracks the batch's largest |dX|. A step with the last c waits
   until the drain is free when its sums arrive (P / D + 1 cycles apart).
 - requant (s, lane, k): dX through the rounding shifter by the batch's scale into dY of the
-  layer below (ember_hw.requant).
+  layer below (ember_hw.requant): t reads the scratch word, t+1 gives its D entries to the
+  shifters, t+3 has their results, and Pipeline.round_output registers later
+  (requant_latency) dY is written.
 - weight_grad (kept c, input group, pass, s, input in the group): each lane's
   dY[b, j] * A[b, k] summed across the lanes (an adder tree of
   Pipeline.grad_tree registered levels, the sum in the accumulator at
@@ -530,8 +533,9 @@ class SampleEngine(wiring.Component):
             wb_shifters.append(shifter)
         m.submodules.writeback = s.wb = ForwardWriteback(
             P, s.GACC_ROUND, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
-            shift_bits=len(s.shift), drain=s.D)
-        m.submodules.requant = s.req = DxRequantizer(entries=s.D)
+            shift_bits=len(s.shift), drain=s.D, round_output=self.pipe.round_output)
+        m.submodules.requant = s.req = DxRequantizer(entries=s.D,
+                                                     round_output=self.pipe.round_output)
         # the loss phase's D units in lockstep (dataflow.lane_step)
         m.submodules.loss = s.loss = SoftmaxGradUnit(max_classes=bld.max_width)
         s.loss_units = [s.loss]
@@ -631,7 +635,7 @@ class SampleEngine(wiring.Component):
         with m.If(on & s.nest.valid & last_k & (s.reserve != 0)):
             m.d.comb += s.stall.eq(1)
         with m.If(s.issue & on & last_k):
-            m.d.sync += s.reserve.eq(P // s.D + dataflow.WRITEBACK_GAP - 1)
+            m.d.sync += s.reserve.eq(P // s.D + self.pipe.writeback_gap - 1)
         live0 = s.live_lanes
         s1 = _Stage(m, "f1", P, len(s.addr["w"]), len(s.addr["o"]))
         s2 = _Stage(m, "f2", P, 0, len(s.addr["o"]))
@@ -986,8 +990,10 @@ class SampleEngine(wiring.Component):
         a % P .. + D - 1 of gradient word o; the samples past the batch are masked."""
         P, D, LOGD = s.P, s.D, s.logd
         on = s.is_["requant"]
+        # a stage per cycle from the read data to the write (Pipeline.requant_latency)
         stages = [(Signal(D, name=f"rq{n}_live"), Signal(len(s.addr["o"]), name=f"rq{n}_o"),
-                   Signal(range(P), name=f"rq{n}_lane")) for n in range(1, 5)]
+                   Signal(range(P), name=f"rq{n}_lane"))
+                  for n in range(1, self.pipe.requant_latency + 1)]
         s.in_flight.append(Cat(*[v for v, _, _ in stages]) != 0)
         v1, o1, lane1 = stages[0]
         m.d.sync += [v1.eq(Mux(s.issue & on, s.live_lanes[:D], 0)), o1.eq(s.addr["o"]),
@@ -1000,9 +1006,11 @@ class SampleEngine(wiring.Component):
                 m.d.comb += [shifter.en.eq(1), shifter.value.eq(entry),
                              shifter.shift.eq(s.req.shift)]
             m.d.sync += s.count("grad_reads", popcount(v1))
-        v4, o4, lane4 = stages[3]
-        with m.If(v4 != 0):
-            self._grad_write(m, s, o4, lane4, Cat(*[dy.as_unsigned() for dy in s.req.dy]), v4)
+        # requant_latency cycles after the step: the requantizer's dY of its entries
+        v_wr, o_wr, lane_wr = stages[-1]
+        with m.If(v_wr != 0):
+            self._grad_write(m, s, o_wr, lane_wr, Cat(*[dy.as_unsigned() for dy in s.req.dy]),
+                             v_wr)
 
     # ---------------------------------------------------------------- weight gradient
     def _weight_grad(self, m, s):
@@ -1456,7 +1464,7 @@ class _Core:
         self.correct = Signal(range(bld.max_batch + 1))
         self.in_flight = []
         self.busy_units = Signal()
-        self.reserve = Signal(range(self.P + dataflow.WRITEBACK_GAP))
+        self.reserve = Signal(range(self.P + engine.pipe.writeback_gap))
         with m.If(self.reserve != 0):
             m.d.sync += self.reserve.eq(self.reserve - 1)
         self.phase_started = Signal()

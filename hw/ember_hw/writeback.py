@@ -14,8 +14,10 @@ per further lane, spec.Build.drain_lanes), so it needs no P-way multiplexer and 
 its own. The sequencer hands a block over with ``start`` and may accumulate the next block
 meanwhile; it waits for ``busy`` low before the next hand-over.
 
-`ForwardWriteback(lanes, value_bits, act_addr_bits, grad_addr_bits, shift_bits, drain=1)`;
-D = drain lanes a group, a power of two that divides the lanes.
+`ForwardWriteback(lanes, value_bits, act_addr_bits, grad_addr_bits, shift_bits, drain=1,
+round_output=1)`; D = drain lanes a group, a power of two that divides the lanes; R =
+round_output, the registers between the shifters' results and the saturation (0 or 1:
+ember.dataflow.Pipeline.round_output).
 
 Ports (sync domain):
   start:      In(1) -- take a block: ``last``, ``shift``, ``lanes_on``, ``act_addr`` and
@@ -31,7 +33,7 @@ Ports (sync domain):
               after ``start``).
   take_shift: Out(shift_bits).
   rounded:    In(signed(value_bits + 2)).array(D) -- shifter i's result, two cycles after a
-              take.
+              take (saturated and written R cycles later).
   act_wr_en, act_wr_addr, act_wr_data, act_wr_mask: Out -- write the group's activation
               bytes (hidden layers): byte i of the data is lane act_wr_addr + i's, written
               where bit i of the mask is set (the lanes that hold outputs).
@@ -39,8 +41,9 @@ Ports (sync domain):
               group's logits (output layer): logit i is lane grad_wr_lane + i's.
 
 Timing (s: the ``start`` cycle): group g (lanes gD .. gD + D - 1) is taken in cycle s + 2 + g
-and written in cycle s + 5 + g; ``busy`` is high from s + 1 to s + P / D + 4, so the next
-block can be handed over in cycle s + P / D + 5 (ember.dataflow.WRITEBACK_GAP: 5).
+and written in cycle s + 4 + R + g; ``busy`` is high from s + 1 to s + P / D + 3 + R, so the
+next block can be handed over in cycle s + P / D + 4 + R (ember.dataflow.Pipeline.writeback_gap:
+4 + R).
 """
 
 from amaranth import Cat, Module, Signal, signed
@@ -55,11 +58,16 @@ from .arith import clamp_byte, clamp_signed
 class ForwardWriteback(wiring.Component):
     """Requantize and write one block of forward outputs (module docstring)."""
 
-    def __init__(self, lanes, value_bits, act_addr_bits, grad_addr_bits, shift_bits, drain=1):
+    def __init__(self, lanes, value_bits, act_addr_bits, grad_addr_bits, shift_bits, drain=1,
+                 round_output=1):
         if drain < 1 or lanes % drain or drain & (drain - 1):
             raise ValueError(f"the writeback takes a power of two of lanes that divides the "
                              f"{lanes} lanes a cycle, not {drain}")
+        if round_output not in (0, 1):
+            raise ValueError(f"the writeback registers the shifters' results once or not at "
+                             f"all, not {round_output} times")
         self.lanes, self.value_bits, self.drain = lanes, value_bits, drain
+        self.round_output = round_output
         super().__init__({
             "start": In(1),
             "last": In(1),
@@ -99,8 +107,11 @@ class ForwardWriteback(wiring.Component):
         m.d.comb += [self.busy.eq(busy), self.take_shift.eq(shift)]
 
         # stage A takes group wp at the snapshot's head into the shifters, stages B1 and B2
-        # shift and round it, stage C saturates and writes; each stage's first lane and which
-        # of its lanes hold outputs travel with it
+        # shift and round it, stage C saturates and writes: the cycle after B2 with the
+        # round_output register, or B2's own without (y, y_on, y_lane and c_valid are then
+        # B2's results and flags); each stage's first lane and which of its lanes hold
+        # outputs travel with it
+        c_domain = "sync" if self.round_output else "comb"
         wp = Signal(range(G + 1))
         y = [Signal(signed(self.value_bits + 1), name=f"y{i}") for i in range(D)]
         a_on, b2_on, y_on = Signal(D), Signal(D), Signal(D)
@@ -108,7 +119,9 @@ class ForwardWriteback(wiring.Component):
         b_valid, b2_valid, c_valid = Signal(), Signal(), Signal()
         with m.FSM(name="writeback"):
             with m.State("IDLE"):
-                m.d.sync += [wp.eq(0), b_valid.eq(0), b2_valid.eq(0), c_valid.eq(0)]
+                m.d.sync += [wp.eq(0), b_valid.eq(0), b2_valid.eq(0)]
+                if self.round_output:       # else stage C's flag is B2's (low here)
+                    m.d.sync += c_valid.eq(0)
                 with m.If(busy):
                     m.next = "LANES"
             with m.State("LANES"):
@@ -116,16 +129,20 @@ class ForwardWriteback(wiring.Component):
                     m.d.sync += [a_on.eq(lanes_on[:D]), a_lane.eq(wp << LOGD),
                                  lanes_on.eq(lanes_on >> D), wp.eq(wp + 1)]
                     m.d.comb += self.take.eq(1)
-                m.d.sync += [b_valid.eq(wp < G), b2_valid.eq(b_valid), c_valid.eq(b2_valid),
-                             b2_on.eq(a_on), b2_lane.eq(a_lane), y_on.eq(b2_on),
-                             y_lane.eq(b2_lane)]
-                m.d.sync += [y[i].eq(self.rounded[i]) for i in range(D)]
+                m.d.sync += [b_valid.eq(wp < G), b2_valid.eq(b_valid), b2_on.eq(a_on),
+                             b2_lane.eq(a_lane)]
+                m.d[c_domain] += [c_valid.eq(b2_valid), y_on.eq(b2_on), y_lane.eq(b2_lane)]
+                m.d[c_domain] += [y[i].eq(self.rounded[i]) for i in range(D)]
                 with m.If(c_valid & (y_on != 0)):
                     with m.If(last):
                         m.d.comb += self.grad_wr_en.eq(1)
                     with m.Else():
                         m.d.comb += self.act_wr_en.eq(1)
-                with m.If((wp == G) & ~b_valid & ~b2_valid):
+                # done in stage C's cycle of the last group: no group left before it
+                done = wp == G
+                for ahead in [b_valid, b2_valid][:1 + self.round_output]:
+                    done = done & ~ahead
+                with m.If(done):
                     m.d.sync += busy.eq(0)
                     m.next = "IDLE"
         # each lane's byte and logit at their exact widths, side by side
