@@ -137,3 +137,39 @@ def test_weights_sha256_canonical_order():
     w = [np.array([[1, -2]], dtype=np.int16)]
     import hashlib
     assert golden.weights_sha256(w) == hashlib.sha256(b"\x01\x00\xfe\xff").hexdigest()
+
+
+def test_below_is_less_than_at_every_width_and_limit():
+    """ember_hw.arith.below: value < limit for constant limits (0, powers of two, others, past
+    the value's range) and for narrower, equal and wider signal limits."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.sim import Simulator
+    from ember_hw.arith import below
+
+    value = Signal(9)
+    limits = {"narrow": Signal(4), "equal": Signal(9), "wide": Signal(12)}
+    constants = [0, 1, 2, 3, 8, 13, 64, 100, 511, 512, 600]
+    m = Module()
+    got = {}
+    for name, lim in limits.items():
+        got[name] = Signal(name=f"below_{name}")
+        m.d.comb += got[name].eq(below(value, lim))
+    for c in constants:
+        got[c] = Signal(name=f"below_{c}")
+        m.d.comb += got[c].eq(below(value, c))
+    rng = np.random.default_rng(9)
+
+    async def bench(ctx):
+        for v in list(range(0, 512, 7)) + [0, 1, 7, 8, 15, 16, 255, 511]:
+            ctx.set(value, v)
+            for c in constants:
+                assert ctx.get(got[c]) == (v < c), (v, c)
+            for name, lim in limits.items():
+                for x in {0, 1, (1 << len(lim)) - 1, int(rng.integers(1 << len(lim))), v}:
+                    if x < 1 << len(lim):
+                        ctx.set(lim, x)
+                        assert ctx.get(got[name]) == (v < x), (v, name, x)
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()

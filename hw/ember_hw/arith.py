@@ -95,6 +95,27 @@ def pipelined_tree_sum(m, values, stages, shape, name):
     return values[0]
 
 
+def below(value, limit):
+    """``value < limit`` for an unsigned `value` and an unsigned `limit` (a signal or a
+    constant), formed at the narrower width: Yosys compares at the wider operand's width with
+    a carry chain, a logic cell a bit on the iCE40, even where the bits above `limit`'s need
+    only be zero. A constant power of two is a test of `value`'s high bits alone."""
+    value = value.as_unsigned()
+    if isinstance(limit, int):
+        if limit <= 0:
+            return Const(0, 1)
+        if limit >= 1 << len(value):
+            return Const(1, 1)
+        bits = limit.bit_length()
+        if limit & (limit - 1) == 0:
+            return value[bits - 1:] == 0
+        return (value[bits:] == 0) & (value[:bits] < limit)
+    limit = limit.as_unsigned()
+    if len(value) <= len(limit):
+        return value < limit
+    return (value[len(limit):] == 0) & (value[:len(limit)] < limit)
+
+
 def popcount(word):
     """The number of set bits of `word`, as an adder tree."""
     return tree_sum([word[i] for i in range(len(word))])

@@ -71,6 +71,7 @@ from amaranth.utils import ceil_log2
 
 from ember import spec
 
+from .arith import below
 from .bus import answer_error, answer_ok
 
 
@@ -149,7 +150,7 @@ class MemoryWindow(wiring.Component):
         # two lanes per bus word; word = offset*2 // P
         word = offset[LOGP - 1:]
         pair = offset[:LOGP - 1] if LOGP > 1 else Const(0, 1)
-        with m.If(word >= bld.weight_words):
+        with m.If(~below(word, bld.weight_words)):
             m.d.comb += r.err("out_of_range")
         with m.Elif(self.busy):
             m.d.comb += r.err("busy")
@@ -179,14 +180,14 @@ class MemoryWindow(wiring.Component):
 
     def _keep_byte(self, byte):
         """An input byte inside the batch (v1: below batch * inputs of layer 0)."""
-        return byte < self.act_limit
+        return below(byte, self.act_limit)
 
     def _acts(self, m, r):
         # four bytes per bus word, written one per cycle; bytes past the input batch are not
         # written (nor counted)
         bld, offset = self.build, r.offset
         byte = Cat(r.byte_step, offset)
-        with m.If(offset >= (bld.act_bytes + 3) // 4):
+        with m.If(~below(offset, (bld.act_bytes + 3) // 4)):
             m.d.comb += r.err("out_of_range")
         with m.Elif(self.busy):
             m.d.comb += r.err("busy")
@@ -209,13 +210,13 @@ class MemoryWindow(wiring.Component):
         is_labels = r.region == r.regions["labels"]
         m.d.comb += self.label_word.eq(offset)
         mem_rd = Mux(is_labels, self.label_rd_data, self.pred_rd_data)
-        with m.If(offset >= (bld.max_batch + 1) // 2):
+        with m.If(~below(offset, (bld.max_batch + 1) // 2)):
             m.d.comb += r.err("out_of_range")
         with m.Elif(self.busy):
             m.d.comb += r.err("busy")
         with m.Elif(r.wr & is_labels & ~byte_step[0] &
-                    ((self.w_data[:spec.LABEL_BITS] >= self.classes) |
-                     (self.w_data[spec.LABEL_BITS:] >= self.classes))):
+                    ~(below(self.w_data[:spec.LABEL_BITS], self.classes) &
+                      below(self.w_data[spec.LABEL_BITS:], self.classes))):
             # both labels are checked against the class count before either is written: a
             # word with a label out of range changes nothing
             m.d.comb += r.err("bad_value")
@@ -349,7 +350,7 @@ class SampleWindow(MemoryWindow):
             self._program(m, r)
         if "resident" in self.build.features:
             with m.Case(r.regions["schedule"]):
-                half = r.offset >= spec.schedule_half_words(self.build)
+                half = ~below(r.offset, spec.schedule_half_words(self.build))
                 self._resident_words(m, r, self.build.data_samples, "sched",
                                      self.sched_busy.bit_select(half, 1))
             with m.Case(r.regions["data"]):
@@ -359,7 +360,7 @@ class SampleWindow(MemoryWindow):
 
     def _resident_words(self, m, r, words, memory, busy):
         """A schedule or data word: write only, one write; `busy` answers it busy."""
-        with m.If(r.offset >= words):
+        with m.If(~below(r.offset, words)):
             m.d.comb += r.err("out_of_range")
         with m.Elif(busy):
             m.d.comb += r.err("busy")
@@ -375,17 +376,18 @@ class SampleWindow(MemoryWindow):
         written (as the labels region)."""
         samples, step = self.build.data_samples, r.byte_step
         index = Cat(step[0], r.offset)
-        with m.If(r.offset >= (samples + 1) // 2):
+        with m.If(~below(r.offset, (samples + 1) // 2)):
             m.d.comb += r.err("out_of_range")
         with m.Elif(self.busy):
             m.d.comb += r.err("busy")
         with m.Elif(~r.wr):
             m.d.comb += r.err("bad_value")
-        with m.Elif(~step[0] & ((self.w_data[:spec.LABEL_BITS] >= self.classes) |
-                                (self.w_data[spec.LABEL_BITS:] >= self.classes))):
+        with m.Elif(~step[0] & ~(below(self.w_data[:spec.LABEL_BITS], self.classes) &
+                                 below(self.w_data[spec.LABEL_BITS:], self.classes))):
             m.d.comb += r.err("bad_value")
         with m.Else():
-            m.d.comb += [self.dlabel_wr_addr.eq(index), self.dlabel_wr_en.eq(index < samples),
+            m.d.comb += [self.dlabel_wr_addr.eq(index),
+                         self.dlabel_wr_en.eq(below(index, samples)),
                          self.dlabel_wr_data.eq(
                              self.w_data.word_select(step[0], spec.LABEL_BITS))]
             m.d.sync += step.eq(Mux(step[0], 0, 1))
@@ -394,7 +396,7 @@ class SampleWindow(MemoryWindow):
 
     def _weights(self, m, r):
         low = Cat(Const(0, 1), r.offset)        # the low weight's index
-        with m.If(r.offset >= self.weight_depth // 2):
+        with m.If(~below(r.offset, self.weight_depth // 2)):
             m.d.comb += r.err("out_of_range")
         with m.Elif(self.busy):
             m.d.comb += r.err("busy")
@@ -420,11 +422,12 @@ class SampleWindow(MemoryWindow):
     def _keep_byte(self, byte):
         LOGP = self.build.lanes.bit_length() - 1
         word, lane = byte[LOGP:], byte[:LOGP]
-        return (word < self.act_words) & ((word < self.full_words) |
-                                          ((word < self.block_words) & (lane < self.tail)))
+        return below(word, self.act_words) & (below(word, self.full_words) |
+                                              (below(word, self.block_words)
+                                               & below(lane, self.tail)))
 
     def _program(self, m, r):
-        with m.If(r.offset >= self.program_words):
+        with m.If(~below(r.offset, self.program_words)):
             m.d.comb += r.err("out_of_range")
         with m.Elif(self.busy):
             m.d.comb += r.err("busy")

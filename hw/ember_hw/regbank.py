@@ -100,6 +100,7 @@ from amaranth.utils import exact_log2
 
 from ember import spec
 
+from .arith import below
 from .bus import answer_error, answer_ok
 from .serial_mul import SerialMultiplier
 from .stepcheck import CHECK_INDEX, CountCheck, StepCheck
@@ -295,7 +296,7 @@ class RegisterBank(wiring.Component):
         idx = self.addr[1:REG_OFFSET_BITS]
         with m.If(self.write):
             m.d.comb += answer_error(self, "out_of_range")
-        with m.Elif(idx >= len(spec.COUNTERS)):
+        with m.Elif(~below(idx, len(spec.COUNTERS))):
             m.d.comb += answer_error(self, "out_of_range")
         with m.Else():
             m.d.comb += [self.counter_req.eq(1), self.counter_index.eq(idx)]

@@ -130,7 +130,7 @@ from amaranth.utils import ceil_log2
 
 from ember import dataflow, spec
 
-from .arith import RoundingShifter, clamp_signed, pipelined_tree_sum, popcount
+from .arith import RoundingShifter, below, clamp_signed, pipelined_tree_sum, popcount
 from .lanemem import LaneMemory
 from .lanes import MacLanes
 from .loopnest import LoopNest
@@ -472,7 +472,7 @@ class SampleEngine(wiring.Component):
             m.d.sync += s.left.eq(Mux(wrap, self.batch, Mux(s.left > size, s.left - size, 0)))
         # a sample-block step's live lanes (how many and which), a per-sample step's sample
         s.live_count = Signal(range(P + 1))
-        m.d.comb += s.live_count.eq(Mux(s.left >= P, P, s.left))
+        m.d.comb += s.live_count.eq(Mux(below(s.left, P), s.left, P))
         s.live_lanes = Signal(P)
         m.d.comb += s.live_lanes.eq(((Const(1, P + 1) << s.live_count) - 1)[:P])
         s.sample_live = Signal()
@@ -729,7 +729,8 @@ class SampleEngine(wiring.Component):
         o = s.addr["o"]
         t = o[:LOGS] if LOGS else Const(0, 1)
         # unit i's sample and whether it is in the batch; a step whose first is not is dead
-        live = Cat(*[(o + (i << LOGS)) < self.batch for i in range(D)])
+        live = Cat(*[below(o + (i << LOGS), self.batch) if i else below(o, self.batch)
+                     for i in range(D)])
         # the D labels, read one a cycle in LABEL (a shift register: the first is labels[0])
         labels = [Signal(spec.LABEL_BITS, name=f"label{i}") for i in range(D)]
         li = Signal(range(D))
@@ -871,7 +872,7 @@ class SampleEngine(wiring.Component):
                     m.d.comb += [s.sel.kept_index.eq(lj), kept_bit.eq(s.sel.kept)]
                 else:
                     m.d.comb += kept_bit.eq(1)
-                m.d.sync += [lj.eq(lj + 1), lj_valid.eq(lj < s.N)]
+                m.d.sync += [lj.eq(lj + 1), lj_valid.eq(below(lj, s.N))]
                 with m.If(lj_valid):
                     with m.If(kept_bit):
                         if self.kept_list:
