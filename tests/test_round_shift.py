@@ -77,12 +77,14 @@ def test_clamps_match_golden(width, bits):
     assert not failures, failures[:5]
 
 
+@pytest.mark.parametrize("finish_registered", [False, True])
 @pytest.mark.parametrize("width", [32, 49])
-def test_rounding_shifter_component(width):
-    """RoundingShifter at the engine's widths (dX entries, a build's accumulators): a new value
-    every cycle, every shift 0..spec.SHIFT_MAX; `out` is golden.round_shift two cycles after
-    the take, `twice` has the value's sign one cycle after it, and both hold while `en` is low."""
-    dut = RoundingShifter(width, spec.SHIFT_MAX)
+def test_rounding_shifter_component(width, finish_registered):
+    """RoundingShifter at the engine's widths (dX entries, a build's accumulators), its
+    rounding after stage 2's register or in it: a new value every cycle, every shift
+    0..spec.SHIFT_MAX; `out` is golden.round_shift two cycles after the take, `twice` has
+    the value's sign one cycle after it, and both hold while `en` is low."""
+    dut = RoundingShifter(width, spec.SHIFT_MAX, finish_registered=finish_registered)
     lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
     rng = np.random.default_rng(width)
     values = [lo, lo + 1, -3, -2, -1, 0, 1, 2, 3, hi - 1, hi]

@@ -194,15 +194,21 @@ ICE_UNITS_BUILD = dataclasses.replace(SPRAM_BUILD, name="spram2-lean",
                                       features=("zero_skip", "slu"))
 
 
-def check_train_step(build, rng, batch=None, settings=None, layers=None, capacity=None):
-    """A training step of random_case on `build` (at `batch`, of `layers` if given; its
-    program compiled for `capacity`, by default the batch) in the Amaranth simulator against
-    the golden model and the executor, and its cycles against the watchdog's bound; returns
-    the engine's outputs (and `conflict`: its weight memory's)."""
-    drawn, _, weights, shifts, x = random_case(rng, build)
-    if layers is not None:
+def check_train_step(build, rng, batch=None, settings=None, layers=None, capacity=None,
+                     weights=None):
+    """A training step of random_case on `build` (at `batch`, of `layers` if given, or of the
+    network of `weights`; its program compiled for `capacity`, by default the batch) in the
+    Amaranth simulator against the golden model and the executor, and its cycles against the
+    watchdog's bound; returns the engine's outputs (and `conflict`: its weight memory's)."""
+    drawn, _, drawn_weights, shifts, x = random_case(rng, build)
+    if weights is not None:
+        layers = [weights[0].shape[1]] + [w.shape[0] for w in weights]
+    elif layers is not None:
         weights = [rng.integers(-6000, 6000, (n, k)).astype(np.int16)
                    for k, n in zip(layers[:-1], layers[1:])]
+    else:
+        weights = drawn_weights
+    if layers is not None:
         shifts = [spec.HIDDEN_SHIFT] * (len(layers) - 2) + [spec.OUTPUT_SHIFT]
     layers = layers or drawn
     while batch is not None and not fits(layers, build, max(batch, capacity or 0)):
@@ -407,3 +413,21 @@ def test_a_psg_phase_faults_on_a_build_without_the_psg_unit():
     assert out["events"]["mac_forward"] > 0 and out["events"]["weight_writes"] == 0
     for got, want in zip(out["weights"], weights):
         assert (got == want).all()
+
+
+@pytest.mark.parametrize("build", [ICE_UNITS_BUILD, LANE_BUILDS[8]], ids=lambda b: b.name)
+def test_weights_at_their_ends_stay_unwritten_where_the_step_passes_them(build):
+    """Weights at +-(2**15 - 1) and -2**15 with large gradients (lr_shift 0): the update
+    saturates, and a weight that its step would push past the end it is already at keeps its
+    value and is not written (the update's `changed`, formed beside the saturation); the
+    golden model's weights and weight_writes."""
+    rng = np.random.default_rng(17)
+    top = (1 << (spec.WEIGHT_BITS - 1)) - 1
+    weights = [rng.choice([top, -top - 1, top - 1, 0, -top], (n, k)).astype(np.int16)
+               for k, n in ((6, 5), (5, 4))]
+    out = check_train_step(build, rng, batch=7, weights=weights,
+                           settings=spec.StepSettings(lr_shift=0))
+    changed = sum(int((w != o).sum()) for w, o in zip(out["weights"], weights))
+    assert 0 < changed and out["events"]["weight_writes"] == changed
+    assert any(((w == o) & (np.abs(o.astype(int)) >= top)).any()
+               for w, o in zip(out["weights"], weights))

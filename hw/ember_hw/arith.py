@@ -8,7 +8,7 @@ The functions build combinational logic from Amaranth values; `RoundingShifter` 
 registered shifter the engine shares between its forward writeback, its dX requantizer and its
 update unit (they never run at the same time).
 
-`RoundingShifter(value_bits, max_shift)`:
+`RoundingShifter(value_bits, max_shift, finish_registered=False)`:
 
 Ports:
   en:      In(1) -- take `value` and `shift` in this cycle.
@@ -19,7 +19,10 @@ Ports:
            takes the gradient's sign from it). Two bits wider than the value: 2 * value - 1
            of the most negative value needs them.
   out:     Out(signed(value_bits + 2)) -- golden.round_shift(value, shift), two cycles after
-           `en`.
+           `en`. Stage 2's register holds the shifted value, and `out` adds its rounding
+           (plus one, halved) after it; with finish_registered, stage 2 holds `out` itself,
+           so no carry chain follows the register (for users that saturate and write it in
+           the same cycle, engine v2's narrow builds: dataflow.Pipeline.round_output 0).
 
 Both stages hold their values while `en` is low (stage 2 recomputes from stage 1 every cycle,
 so `out` stays valid as long as no new value is taken). The registers are reset-less: every
@@ -156,8 +159,9 @@ class RoundingShifter(wiring.Component):
     max_shift:  the largest shift a user asks for (the result is 0 from value_bits + 1 on).
     """
 
-    def __init__(self, value_bits, max_shift):
+    def __init__(self, value_bits, max_shift, finish_registered=False):
         self.value_bits, self.max_shift = value_bits, max_shift
+        self.finish_registered = finish_registered
         super().__init__({
             "en": In(1),
             "value": In(signed(value_bits)),
@@ -175,6 +179,11 @@ class RoundingShifter(wiring.Component):
         shifted = Signal(signed(self.value_bits + 2), reset_less=True)
         with m.If(self.en):
             m.d.sync += [twice.eq(round_shift_twice(self.value)), shift.eq(self.shift)]
-        m.d.sync += shifted.eq(twice >> shift)
-        m.d.comb += [self.twice.eq(twice), self.out.eq(round_shift_finish(shifted))]
+        m.d.comb += self.twice.eq(twice)
+        if self.finish_registered:
+            m.d.sync += shifted.eq(round_shift_finish(twice >> shift))
+            m.d.comb += self.out.eq(shifted)
+        else:
+            m.d.sync += shifted.eq(twice >> shift)
+            m.d.comb += self.out.eq(round_shift_finish(shifted))
         return m

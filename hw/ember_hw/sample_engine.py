@@ -524,12 +524,16 @@ class SampleEngine(wiring.Component):
         # what the shifter rounds: forward sums and weight gradients (both within
         # lane_acc_bits) and dX (DX_BITS); the input gradient's wider sums (dx_acc_bits) reach
         # it only as dX, so a head of the lanes' snapshot it takes fits, and is exact, in these
-        m.submodules.shifter = s.shifter = RoundingShifter(s.GACC_ROUND, spec.SHIFT_MAX)
+        # (without the round_output registers after them the shifters register their rounded
+        # result: what follows, saturation into a memory write, then has no carry chain)
+        finish = not self.pipe.round_output
+        m.submodules.shifter = s.shifter = RoundingShifter(s.GACC_ROUND, spec.SHIFT_MAX,
+                                                           finish_registered=finish)
         # the writeback takes D lanes a cycle: the shared shifter and D - 1 of its own
         wb_shifters = [s.shifter]
         for i in range(1, s.D):
-            m.submodules[f"wb_shifter{i}"] = shifter = RoundingShifter(s.GACC_ROUND,
-                                                                      spec.SHIFT_MAX)
+            m.submodules[f"wb_shifter{i}"] = shifter = RoundingShifter(
+                s.GACC_ROUND, spec.SHIFT_MAX, finish_registered=finish)
             wb_shifters.append(shifter)
         m.submodules.writeback = s.wb = ForwardWriteback(
             P, s.GACC_ROUND, act_addr_bits=len(self.act_wr_addr), grad_addr_bits=len(s.gmem.wr.addr),
@@ -1234,10 +1238,15 @@ class SampleEngine(wiring.Component):
                 old = reg
         old = old.as_signed()
         step = Const(1, signed(spec.WEIGHT_BITS + 2)) << self.psg_step_shift
-        sgd = old - s.shifter.out
         sign_step = Mux(zero2, 0, Mux(neg2, -step, step))
-        new = clamp_signed(Mux(self.psg, old - sign_step, sgd), spec.WEIGHT_BITS)
-        m.d.sync += [u3.eq(u2), new3.eq(new), changed3.eq(new != old)]
+        delta = Mux(self.psg, sign_step, s.shifter.out)
+        new = clamp_signed(old - delta, spec.WEIGHT_BITS)
+        # new != old, formed beside the saturation rather than after it: the weight stays
+        # where it was only for a step of 0, or a step past the end the weight already is at
+        top = (1 << (spec.WEIGHT_BITS - 1)) - 1
+        changed = ((delta != 0) & ~((old == top) & (delta < 0))
+                   & ~((old == -top - 1) & (delta > 0)))
+        m.d.sync += [u3.eq(u2), new3.eq(new), changed3.eq(changed)]
         m.d.comb += s.upd_write.eq(u3 & changed3)
         with m.If(s.upd_write):
             m.d.comb += [s.w_wr.addr.eq(a3), s.w_wr.data.eq(new3), s.w_wr.en.eq(1)]
