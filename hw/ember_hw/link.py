@@ -251,16 +251,19 @@ class LinkBridge(wiring.Component):
         status_code = spec.LINK_STATUS
         word_bytes = protocol.WORD_BYTES
         bus = self.bus
+        # the strobes are registers, raised for BUS and dropped as it ends: each slave's
+        # decision starts from a flip-flop, not from the state's decoding
+        w_stb, r_stb = Signal(name="w_stb"), Signal(name="r_stb")
+        m.d.comb += [bus.w_stb.eq(w_stb), bus.r_stb.eq(r_stb)]
         with m.State("FETCH"):
             # Strobes low for a cycle while the buffer's read port reads word_index's word,
             # which it then holds for the bus through BUS.
+            m.d.sync += [w_stb.eq(f.is_write), r_stb.eq(~f.is_write)]
             m.next = "BUS"
 
         with m.State("BUS"):
-            m.d.comb += [
-                bus.w_stb.eq(f.is_write),
-                bus.r_stb.eq(~f.is_write),
-            ]
+            with m.If(bus.err | bus.ack):
+                m.d.sync += [w_stb.eq(0), r_stb.eq(0)]
             with m.If(bus.err):
                 # addr stays on the failing word; words before it stay written (a command
                 # one of them started runs on, unanswered).
