@@ -522,7 +522,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
       loss:            a step per D samples (D loss units in lockstep, one sample in each
                        lane block of P / D lanes), each the softmax-gradient unit's 3N + 23
                        cycles (ember_hw.loss) and 3 + D of the runner's (D for the labels);
-                       a dead step's (its first sample, s * P + p, past the batch) one;
+                       a dead step's (its first sample, s * P + p, past the batch) two;
       select:          its steps, the selector (_selector_cycles), the kept list (N + 2),
                        and before them its header and bookkeeping (_book_cycles);
       weight_grad:     its steps; under PSG the second pass of each (channel, input group)
@@ -559,7 +559,7 @@ def phase_cycle_bound(ph, build, batch, settings=None, runs=True):
         walked = blocks * S
         live = sum(min(S, max(0, batch - b * P)) for b in range(blocks))
         D = lane_step(kind, build)
-        run = (steps // walked) * (live * (3 * ph.outputs + 23 + 3 + D) + walked - live)
+        run = (steps // walked) * (live * (3 * ph.outputs + 23 + 3 + D) + 2 * (walked - live))
     elif kind == "weight_grad":
         wait = pipe.grad_sum_latency + 1
         run = steps + (wait * bounds[0] * bounds[1] if passes == 2 else 0)

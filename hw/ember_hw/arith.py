@@ -119,6 +119,19 @@ def below(value, limit):
     return (value[len(limit):] == 0) & (value[:len(limit)] < limit)
 
 
+def bit_length(value):
+    """golden.bit_length of an unsigned `value` (0 for 0), as a tree: the high half's length
+    plus its offset if it has a set bit, else the low half's, log2 of the width deep (a chain
+    of ifs over the bits is as deep as the value is wide)."""
+    value = value.as_unsigned()
+    n = len(value)
+    if n <= 1:
+        return value if n else Const(0, 1)
+    half = 1 << (ceil_log2(n) - 1)
+    high, low = value[half:], value[:half]
+    return Mux(high != 0, half + bit_length(high), bit_length(low))
+
+
 def popcount(word):
     """The number of set bits of `word`, as an adder tree."""
     return tree_sum([word[i] for i in range(len(word))])

@@ -37,7 +37,7 @@ from amaranth.lib.wiring import In, Out
 
 from ember import spec
 
-from .arith import clamp_symmetric
+from .arith import bit_length, clamp_symmetric
 
 
 class DxRequantizer(wiring.Component):
@@ -69,15 +69,12 @@ class DxRequantizer(wiring.Component):
             m.d.sync += dx_max.eq(0)
         with m.Else():
             m.d.sync += dx_max.eq(tracked)
-        # golden.bit_length(max |dX|), the OR's: a leading-one detector
-        length = Signal(range(spec.DX_BITS + 1))
-        for bit in range(spec.DX_BITS):
-            with m.If(dx_max[bit]):
-                m.d.comb += length.eq(bit + 1)
+        # max(0, golden.bit_length(max |dX|) - (GRAD_BITS - 1)), the OR's, is the bit length
+        # of the OR's bits above the magnitude's: a leading-one detector (a tree) over those
         magnitude_bits = spec.GRAD_BITS - 1
         shift = Signal.like(self.shift)
         with m.If(self.latch):
-            m.d.sync += shift.eq(Mux(length > magnitude_bits, length - magnitude_bits, 0))
+            m.d.sync += shift.eq(bit_length(dx_max[magnitude_bits:]))
         m.d.comb += self.shift.eq(shift)
         # round_output: a register before the saturation, or the shifter's result itself
         value_domain = "sync" if self.round_output else "comb"

@@ -776,10 +776,17 @@ class SampleEngine(wiring.Component):
         with m.FSM(name="loss_steps"):
             with m.State("WAIT"):
                 m.d.sync += li.eq(0)
-                # a dead step is taken at once
-                with m.If(on & s.nest.valid & live[0]):
+                # every step waits here a cycle, a dead one then taken in DEAD: whether a
+                # step is live (a compare with the batch) then decides the next state, not
+                # the stall, whose path runs on to the loop nest's step memories
+                with m.If(on & s.nest.valid):
                     m.d.comb += s.stall.eq(1)
-                    m.next = "LABEL"
+                    with m.If(live[0]):
+                        m.next = "LABEL"
+                    with m.Else():
+                        m.next = "DEAD"
+            with m.State("DEAD"):
+                m.next = "WAIT"
             with m.State("LABEL"):
                 m.d.comb += [s.stall.eq(1), in_label.eq(1)]
                 m.d.sync += [a.eq(b) for a, b in zip(labels, labels[1:] + [s.l_rd.data])]
