@@ -140,18 +140,22 @@ def test_spram_path_instantiates_one_spram_per_lane():
 
 def test_builds_select_spram():
     ice = spec.BUILDS["icebreaker"]
-    assert ice.weight_spram and ice.lanes == 2 and ice.weight_words == spec.SPRAM_WORDS
+    # the iCEBreaker runs engine v2, which reads one weight a cycle for all lanes: every
+    # weight in one SPRAM (the other three free for resident data), for any lane count
+    assert ice.weight_spram and ice.dataflow == "samples" and ice.lanes == 2
+    assert ice.weight_words * ice.lanes == spec.SPRAM_WORDS
     assert not any(b.weight_spram for name, b in spec.BUILDS.items() if name != "icebreaker")
-    with pytest.raises(ConfigError, match="lanes 8"):
-        dataclasses.replace(ice, lanes=8)
-    with pytest.raises(ConfigError, match="weight_words 16385"):
-        dataclasses.replace(ice, weight_words=spec.SPRAM_WORDS + 1)
-    # engine v2 reads one weight a cycle for all lanes: every weight in one SPRAM, any lanes
-    v2 = dataclasses.replace(ice, dataflow="samples", lanes=8, weight_words=spec.SPRAM_WORDS // 8)
+    v2 = dataclasses.replace(ice, lanes=8, weight_words=spec.SPRAM_WORDS // 8)
     text = rtlil.convert(SampleEngine(v2, tally=False), name="core")
     assert text.count("cell \\SB_SPRAM256KA ") == 1
     with pytest.raises(ConfigError, match="weight_words 8193 x lanes 2 = 16386"):
-        dataclasses.replace(ice, dataflow="samples", weight_words=spec.SPRAM_WORDS // 2 + 1)
+        dataclasses.replace(ice, weight_words=spec.SPRAM_WORDS // 2 + 1)
+    # engine v1 on SPRAMs takes one per lane, at most four, of at most SPRAM_WORDS words each
+    v1 = dataclasses.replace(ice, dataflow="outputs", weight_words=spec.SPRAM_WORDS)
+    with pytest.raises(ConfigError, match="lanes 8"):
+        dataclasses.replace(v1, lanes=8)
+    with pytest.raises(ConfigError, match="weight_words 16385"):
+        dataclasses.replace(v1, weight_words=spec.SPRAM_WORDS + 1)
     # the engine of that build holds its weights in four SPRAMs
     text = rtlil.convert(EngineCore(dataclasses.replace(spec.BUILDS["tiny"], weight_spram=True)),
                          name="core")

@@ -463,20 +463,21 @@ BUILDS = {
     # data: the boards' engine until v2 takes them, kept on the model backend and the
     # simulated board for v1's tests.
     "v1": Build(name="v1"),
-    # The UP5K's 5,280 logic cells set this build (docs/boards.md, "iCEBreaker"): two lanes
-    # with their weights in two SPRAMs (2 x 16K words, 32K weights), layers up to 64 wide and
-    # 3 deep, batches up to 16, and no PSG or ssProp units. 64-32-10 on digits needs 2,368
-    # weights, 1,536 activation bytes, 512 gradient words and 512 dX entries at batch 16.
+    # The UP5K's 5,280 logic cells set this build (docs/boards.md, "iCEBreaker"): engine v2
+    # (docs/architecture.md 2b) on two lanes with every weight in one SPRAM (16K weights; the
+    # other three SPRAMs are free for resident data), layers up to 64 wide and 3 deep,
+    # batches up to 16, and no PSG or ssProp units. 64-32-10 on digits needs 2,368 weights,
+    # 1,536 activation bytes, 512 gradient words and 512 dX entries at batch 16. Its program
+    # memory is 512 words (4 block RAMs): digits' 64-32-10 train program needs 263, the
+    # largest network at these sizes 495 (no psg_max phases without the PSG unit).
     # 3 Mbaud: 8 cycles of 24 MHz per bit (exact) and 12 MHz / 4 on the FT2232H; 6 Mbaud
     # (4 cycles, ember_hw.uart.MIN_DIVISOR) would put the receiver's one sample per bit
     # anywhere from 50 to 75 % into the bit (docs/boards.md, "The link").
-    # Engine v2 (dataflow "samples", not yet this build's) would hold its program in 512
-    # words (4 block RAMs): digits' 64-32-10 train program needs 321 (check_network refuses
-    # the largest networks at these sizes).
-    "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS, act_bytes=2048,
-                        grad_words=512, scratch_entries=512, max_batch=16, max_layers=3,
-                        max_width=64, clock_hz=24_000_000, baud=3_000_000, weight_spram=True,
-                        program_words=512, features=("zero_skip", "slu")),
+    "icebreaker": Build(name="icebreaker", lanes=2, weight_words=SPRAM_WORDS // 2,
+                        act_bytes=2048, grad_words=512, scratch_entries=512, max_batch=16,
+                        max_layers=3, max_width=64, clock_hz=24_000_000, baud=3_000_000,
+                        weight_spram=True, program_words=512, features=("zero_skip", "slu"),
+                        dataflow="samples"),
     # a small build for fast RTL tests (Icarus included) and the CI bitstream of the ULX3S
     # flow (tests/test_bitstream.py): it routes at 47 to 57 MHz on the ECP5-85F, so 40 MHz
     # leaves margin for other nextpnr versions; 2 Mbaud is 20 cycles of 40 MHz and a rate the
